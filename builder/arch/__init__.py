@@ -1,0 +1,20 @@
+"""Architecture registry: config.json `architectures[0]` -> family module."""
+from __future__ import annotations
+
+from types import ModuleType
+
+from ..errors import ConversionError
+from . import llama
+from .base import DecoderHyper, read_hyper
+
+FAMILIES: dict[str, ModuleType] = {name: llama for name in llama.MODEL_TYPES}
+
+
+def family_for(cfg: dict, config_file: str) -> tuple[ModuleType, DecoderHyper]:
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch not in FAMILIES:
+        raise ConversionError("architecture not supported", file=config_file, field="architectures[0]", value=arch,
+                              accepted=", ".join(sorted(FAMILIES)))
+    module = FAMILIES[arch]
+    return module, read_hyper(cfg, arch, module.MODEL_TYPES[arch], config_file)

@@ -1,0 +1,78 @@
+"""Decoder-only architecture description: hyper-parameters (aliases as data) and the linear layers it has."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConversionError
+
+# Hyper-parameter name -> the config.json spellings seen across families, first found wins.
+ALIASES = {
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "intermediate_size": ("intermediate_size", "ffn_dim", "n_inner"),
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "num_heads": ("num_attention_heads", "n_head"),
+    "num_kv_heads": ("num_key_value_heads", "num_attention_heads", "n_head"),
+    "vocab_size": ("vocab_size",),
+    "rms_norm_eps": ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"),
+    "max_positions": ("max_position_embeddings", "n_positions"),
+}
+
+
+@dataclass(frozen=True)
+class DecoderHyper:
+    architecture: str
+    model_type: str            # genai_config model.type
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    max_positions: int
+    rope_theta: float
+    rope_scaling: dict | None
+    tie_word_embeddings: bool
+    sliding_window: int        # -1: none
+    bos_token_id: int | None
+    eos_token_id: int | list | None
+    pad_token_id: int | None
+
+
+def read_hyper(cfg: dict, architecture: str, model_type: str, config_file: str) -> DecoderHyper:
+    def get(key, required=True):
+        for alias in ALIASES[key]:
+            if cfg.get(alias) is not None:
+                return cfg[alias]
+        if required:
+            raise ConversionError("required hyper-parameter missing", file=config_file, field=ALIASES[key][0],
+                                  value=None)
+        return None
+
+    def positive(key):
+        v = get(key)
+        if not isinstance(v, int) or v <= 0:
+            raise ConversionError("must be a positive integer", file=config_file, field=ALIASES[key][0], value=v)
+        return v
+
+    hidden, heads = positive("hidden_size"), positive("num_heads")
+    kv = positive("num_kv_heads")
+    if heads % kv:
+        raise ConversionError("num_attention_heads must be a multiple of num_key_value_heads", file=config_file,
+                              field="num_key_value_heads", value=kv)
+    head_dim = cfg.get("head_dim") or hidden // heads
+    rope = cfg.get("rope_parameters") or {}
+    theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    return DecoderHyper(
+        architecture=architecture, model_type=model_type, hidden_size=hidden,
+        intermediate_size=positive("intermediate_size"), num_layers=positive("num_layers"), num_heads=heads,
+        num_kv_heads=kv, head_dim=int(head_dim), vocab_size=positive("vocab_size"),
+        rms_norm_eps=float(get("rms_norm_eps", required=False) or 1e-6), max_positions=positive("max_positions"),
+        rope_theta=float(theta), rope_scaling=scaling,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        sliding_window=int(sliding) if sliding else -1,
+        bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"),
+        pad_token_id=cfg.get("pad_token_id"))

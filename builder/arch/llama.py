@@ -1,0 +1,83 @@
+"""Llama-family decoders: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (q/k/v bias).
+
+    input_ids ─► Gather(embed) ─► [ RMSNorm ─► q/k/v_proj ─► GQA(rotary, KV cache) ─► o_proj ─► +residual
+                                    RMSNorm ─► gate/up_proj ─► SiLU·up ─► down_proj ─► +residual ] x L
+              ─► RMSNorm ─► lm_head ─► logits
+Residual adds are fused into SkipSimplifiedLayerNormalization.
+"""
+from __future__ import annotations
+
+from ..ops.attention import AttentionInputs, attention_mask_inputs, group_query_attention
+from ..ops.linear import emit_linear
+from ..ops.mlp import silu_mlp
+from ..ops.norm import rms_norm, skip_rms_norm
+from ..ops.rotary import cos_sin_caches
+from .base import DecoderHyper
+
+ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_PROJ = ("gate_proj", "up_proj", "down_proj")
+MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+
+
+def linear_layers(hp: DecoderHyper) -> list[tuple[str, int, int, str]]:
+    """(module name, in_features, out_features, ONNX node prefix) for every linear, in graph order."""
+    q_out, kv_out = hp.num_heads * hp.head_dim, hp.num_kv_heads * hp.head_dim
+    shapes = {"q_proj": (hp.hidden_size, q_out), "k_proj": (hp.hidden_size, kv_out),
+              "v_proj": (hp.hidden_size, kv_out), "o_proj": (q_out, hp.hidden_size),
+              "gate_proj": (hp.hidden_size, hp.intermediate_size), "up_proj": (hp.hidden_size, hp.intermediate_size),
+              "down_proj": (hp.intermediate_size, hp.hidden_size)}
+    out = []
+    for i in range(hp.num_layers):
+        for proj in ATTN_PROJ:
+            out.append((f"model.layers.{i}.self_attn.{proj}", *shapes[proj], f"/model/layers.{i}/attn/{proj}"))
+        for proj in MLP_PROJ:
+            out.append((f"model.layers.{i}.mlp.{proj}", *shapes[proj], f"/model/layers.{i}/mlp/{proj}"))
+    out.append(("lm_head", hp.hidden_size, hp.vocab_size, "/lm_head"))
+    return out
+
+
+def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
+    """Emit the whole decoder. `plans` maps module name -> LinearPlan; `attention(ctx, layer, q, k, v, ...)`
+    emits one layer's attention core (GQA, or an FP8 attention subgraph)."""
+    g, io = ctx.graph, ctx.io_type
+    input_ids = g.input("input_ids", 7, ["batch_size", "sequence_length"])
+    mask = g.input("attention_mask", 7, ["batch_size", "total_sequence_length"])
+    kv_shape = ["batch_size", hp.num_kv_heads, "past_sequence_length", hp.head_dim]
+    present_shape = ["batch_size", hp.num_kv_heads, "total_sequence_length", hp.head_dim]
+    seqlens, total_len = attention_mask_inputs(ctx, mask)
+    cos, sin = cos_sin_caches(hp.head_dim, hp.max_positions, hp.rope_theta, hp.rope_scaling, str(ctx.source))
+    shared = AttentionInputs(seqlens, total_len, g.initializer("cos_cache", cos.astype(ctx.io_np)),
+                             g.initializer("sin_cache", sin.astype(ctx.io_np)))
+
+    embed = g.initializer("model.embed_tokens.weight", ctx.float_weight("model.embed_tokens.weight"))
+    residual = g.op("Gather", [embed, input_ids], "/model/embed_tokens/Gather")
+    x = rms_norm(ctx, residual, "model.layers.0.input_layernorm.weight", hp.rms_norm_eps,
+                 "/model/layers.0/input_layernorm/SimplifiedLayerNorm")
+    for i in range(hp.num_layers):
+        pre = f"model.layers.{i}"
+        q = emit_linear(ctx, plans[f"{pre}.self_attn.q_proj"], x)
+        k = emit_linear(ctx, plans[f"{pre}.self_attn.k_proj"], x)
+        v = emit_linear(ctx, plans[f"{pre}.self_attn.v_proj"], x)
+        past_k = g.input(f"past_key_values.{i}.key", io, kv_shape)
+        past_v = g.input(f"past_key_values.{i}.value", io, kv_shape)
+        present_k = g.output(f"present.{i}.key", io, present_shape)
+        present_v = g.output(f"present.{i}.value", io, present_shape)
+        attn = attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp)
+        attn_out = emit_linear(ctx, plans[f"{pre}.self_attn.o_proj"], attn)
+        x, residual = skip_rms_norm(ctx, attn_out, residual, f"{pre}.post_attention_layernorm.weight",
+                                    hp.rms_norm_eps, f"/model/layers.{i}/post_attention_layernorm/SkipLayerNorm")
+        mlp_out = silu_mlp(ctx, x, plans[f"{pre}.mlp.gate_proj"], plans[f"{pre}.mlp.up_proj"],
+                           plans[f"{pre}.mlp.down_proj"], f"/model/layers.{i}/mlp")
+        last = i == hp.num_layers - 1
+        norm_w = "model.norm.weight" if last else f"model.layers.{i + 1}.input_layernorm.weight"
+        norm_name = "/model/norm/SkipLayerNorm" if last else f"/model/layers.{i + 1}/input_layernorm/SkipLayerNorm"
+        x, residual = skip_rms_norm(ctx, mlp_out, residual, norm_w, hp.rms_norm_eps, norm_name)
+    logits = emit_linear(ctx, plans["lm_head"], x)
+    g.node("Identity", [logits], "/lm_head/logits", outputs=["logits"])
+    g.output("logits", io, ["batch_size", "sequence_length", hp.vocab_size])
+
+
+def default_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp) -> str:
+    return group_query_attention(ctx, q, k, v, past_k, past_v, present_k, present_v, shared,
+                                 num_heads=hp.num_heads, kv_heads=hp.num_kv_heads, head_dim=hp.head_dim,
+                                 local_window=hp.sliding_window, prefix=f"/model/layers.{i}/attn")

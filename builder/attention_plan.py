@@ -1,0 +1,24 @@
+"""Chooses how each layer's attention core is emitted (fused GQA by default).
+
+Attention variants (FP8 KV-cache emulation, FP8 attention with quantized Q/K/V/probabilities) register a chooser
+here; the first chooser that returns a callable wins.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+CHOOSERS: list[Callable] = []
+
+
+def register_chooser(fn: Callable) -> Callable:
+    CHOOSERS.append(fn)
+    return fn
+
+
+def choose_attention(model_plan, ckpt) -> None:
+    for chooser in CHOOSERS:
+        attention = chooser(model_plan, ckpt)
+        if attention is not None:
+            model_plan.attention = attention
+            return
+    model_plan.attention = model_plan.family.default_attention

@@ -1,0 +1,150 @@
+"""Lazy, memory-mapped access to (sharded) safetensors checkpoints, without torch.
+
+Only the header of each file is parsed up front. `get()` returns a read-only numpy view into a memory map, so a
+tensor costs memory only while a caller holds it; nothing is cached here.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from .errors import ConversionError
+
+SAFETENSORS_DTYPES = {
+    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn), "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
+    "I64": np.dtype(np.int64), "I32": np.dtype(np.int32), "I16": np.dtype(np.int16), "I8": np.dtype(np.int8),
+    "U64": np.dtype(np.uint64), "U32": np.dtype(np.uint32), "U16": np.dtype(np.uint16), "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+# Older exporters spell some scales differently; map them to the canonical suffix (quark_format.md, pitfall 4).
+LEGACY_SUFFIXES = {
+    ".weight_quantizer.scale": ".weight_scale",
+    ".weight_quantizer.zero_point": ".weight_zero_point",
+    ".input_quantizer.scale": ".input_scale",
+    ".input_quantizer.zero_point": ".input_zero_point",
+    ".output_quantizer.scale": ".output_scale",
+    ".output_quantizer.zero_point": ".output_zero_point",
+}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # absolute byte offset in the file
+    end: int
+
+
+class Checkpoint:
+    """All tensors of a model folder, by canonical name."""
+
+    def __init__(self, model_dir: str | Path):
+        self.model_dir = Path(model_dir)
+        self._entries: dict[str, TensorEntry] = {}
+        self._maps: dict[Path, mmap.mmap] = {}
+        for file in self._shard_files():
+            self._read_header(file)
+
+    def _shard_files(self) -> list[Path]:
+        index = self.model_dir / "model.safetensors.index.json"
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (ValueError, KeyError) as exc:
+                raise ConversionError(f"unreadable shard index ({exc})", file=index, field="weight_map") from None
+            files = sorted({self.model_dir / f for f in weight_map.values()})
+            for f in files:
+                if not f.exists():
+                    raise ConversionError("shard listed in the index is missing", file=index,
+                                          field="weight_map", value=f.name)
+            return files
+        files = sorted(self.model_dir.glob("*.safetensors"))
+        if not files:
+            raise ConversionError("no *.safetensors file", file=self.model_dir)
+        return files
+
+    def _read_header(self, file: Path) -> None:
+        with open(file, "rb") as fh:
+            raw = fh.read(8)
+            if len(raw) != 8:
+                raise ConversionError("truncated safetensors file (no header)", file=file)
+            (header_len,) = struct.unpack("<Q", raw)
+            size = file.stat().st_size
+            if header_len > size - 8:
+                raise ConversionError("truncated safetensors file (header length past end)", file=file,
+                                      field="header_len", value=header_len)
+            try:
+                header = json.loads(fh.read(header_len))
+            except ValueError:
+                raise ConversionError("corrupt safetensors header (not JSON)", file=file) from None
+        data_start = 8 + header_len
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = meta.get("dtype")
+            if dtype not in SAFETENSORS_DTYPES:
+                raise ConversionError("tensor dtype not supported", file=file, layer=name, field="dtype",
+                                      value=dtype, accepted=", ".join(SAFETENSORS_DTYPES))
+            begin, end = meta["data_offsets"]
+            shape = tuple(int(d) for d in meta["shape"])
+            expected = int(np.prod(shape, dtype=np.int64)) * SAFETENSORS_DTYPES[dtype].itemsize
+            if end - begin != expected or data_start + end > size:
+                raise ConversionError("tensor data out of bounds or of the wrong size (truncated file?)",
+                                      file=file, layer=name, field="data_offsets", value=[begin, end])
+            canonical = name
+            for old, new in LEGACY_SUFFIXES.items():
+                if name.endswith(old):
+                    canonical = name[: -len(old)] + new
+            self._entries[canonical] = TensorEntry(file, dtype, shape, data_start + begin, data_start + end)
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def entry(self, name: str) -> TensorEntry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise ConversionError("tensor missing from the checkpoint", file=self.model_dir,
+                                  layer=name) from None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.entry(name).shape
+
+    def dtype(self, name: str) -> str:
+        return self.entry(name).dtype
+
+    def get(self, name: str) -> np.ndarray:
+        """Read-only view of a tensor; memory is paged in on access."""
+        e = self.entry(name)
+        mm = self._maps.get(e.file)
+        if mm is None:
+            with open(e.file, "rb") as fh:
+                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            self._maps[e.file] = mm
+        dtype = SAFETENSORS_DTYPES[e.dtype]
+        count = (e.end - e.begin) // dtype.itemsize
+        return np.frombuffer(mm, dtype=dtype, count=count, offset=e.begin).reshape(e.shape)
+
+    def get_f32(self, name: str) -> np.ndarray:
+        return np.asarray(self.get(name), dtype=np.float32)
+
+    def close(self) -> None:
+        for mm in self._maps.values():
+            try:
+                mm.close()
+            except BufferError:
+                pass  # a caller still holds a view; the map is freed with it
+        self._maps.clear()

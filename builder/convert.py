@@ -1,0 +1,164 @@
+"""The pipeline: read -> plan -> emit -> save -> genai_config. Output appears only when everything succeeded."""
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import arch as arch_registry
+from .checkpoint import Checkpoint
+from .emit_context import BuildOptions, EmitContext
+from .ep_configs import get_ep
+from .ep_configs.base import EPConfig
+from .errors import ConversionError
+from .genai_config import build_genai_config, copy_tokenizer_files, write_genai_config
+from .graph import GraphBuilder
+from .quant import LinearPlan, scheme_for
+from .quark_reader import QuarkConfig, read_model_config
+
+
+@dataclass
+class ModelPlan:
+    source: Path
+    cfg: dict
+    quant: QuarkConfig | None
+    family: object
+    hp: object
+    ep: EPConfig
+    io: str
+    options: BuildOptions
+    linears: dict[str, LinearPlan]
+    notes: list[str] = field(default_factory=list)
+    attention: object = None      # callable emitting one layer's attention core
+    decoder_extras: dict = field(default_factory=dict)
+
+
+def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
+               options: BuildOptions | None = None, ckpt: Checkpoint | None = None) -> tuple[ModelPlan, Checkpoint]:
+    """Resolve every layer and check every tensor it needs, before anything is written."""
+    source = Path(source)
+    if not source.is_dir():
+        raise ConversionError("input model folder not found", file=source)
+    options = options or BuildOptions()
+    ep = get_ep(ep_name)
+    io = precision or ep.default_precision
+    if io not in ep.precisions:
+        raise ConversionError(f"precision not supported on {ep.name}", field="--precision", value=io,
+                              accepted=", ".join(ep.precisions))
+    cfg, quant = read_model_config(source)
+    config_file = str(source / "config.json")
+    family, hp = arch_registry.family_for(cfg, config_file)
+    ckpt = ckpt or Checkpoint(source)
+    linears: dict[str, LinearPlan] = {}
+    notes: list[str] = list(ep.notes)
+    for name, n_in, n_out, prefix in family.linear_layers(hp):
+        weight_name = None
+        spec = quant.resolve(name) if quant else None
+        if name == "lm_head" and "lm_head.weight" not in ckpt:
+            if not hp.tie_word_embeddings:
+                raise ConversionError("lm_head.weight missing and tie_word_embeddings is false", file=source,
+                                      layer="lm_head", field="tie_word_embeddings", value=False)
+            weight_name, spec = "model.embed_tokens.weight", None
+            notes.append("lm_head is tied to the float embedding: emitted as a float MatMul (not re-quantized)")
+        elif spec is not None and spec.weight and f"{name}.weight_scale" not in ckpt \
+                and ckpt.dtype(f"{name}.weight") in ("F32", "F16", "BF16") and not spec.input_tensors:
+            notes.append(f"{name}: config resolves to {spec.short()} but the checkpoint has no weight_scale; "
+                         "kept float (quark_format.md pitfall 9)")
+            spec = None
+        scheme = scheme_for(spec, name, config_file)
+        plan = LinearPlan(name=name, in_features=n_in, out_features=n_out, spec=spec, scheme=scheme,
+                          has_bias=f"{name}.bias" in ckpt, node_prefix=prefix, weight_name=weight_name)
+        scheme.check(plan, ckpt, ep)
+        linears[name] = plan
+    model_plan = ModelPlan(source, cfg, quant, family, hp, ep, io, options, linears, notes)
+    from .attention_plan import choose_attention  # late import: attention variants register themselves
+    choose_attention(model_plan, ckpt)
+    return model_plan, ckpt
+
+
+def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precision: str | None = None,
+            options: BuildOptions | None = None, log=None) -> ModelPlan:
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    t0 = time.perf_counter()
+    output = Path(output)
+    plan, ckpt = plan_model(source, ep_name, precision, options)
+    log(f"[1/3] planned {len(plan.linears)} linears of {plan.hp.architecture} for {plan.ep.name} "
+        f"({plan.io}) in {time.perf_counter() - t0:.1f}s")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    graph = GraphBuilder(tmp / "model.onnx.data")
+    try:
+        ctx = EmitContext(graph, ckpt, plan.ep, plan.io, plan.options, plan.quant, notes=plan.notes)
+        _emit_with_progress(ctx, plan, log)
+        t1 = time.perf_counter()
+        graph.finish(tmp / "model.onnx", metadata={"quark_onnx.ep": plan.ep.name, "quark_onnx.io": plan.io})
+        lib = plan.options.custom_ops_library
+        write_genai_config(build_genai_config(plan.hp, plan.ep, plan.source, decoder_extras=plan.decoder_extras,
+                                              custom_ops_library=lib), tmp)
+        copy_tokenizer_files(plan.source, tmp)
+        log(f"[3/3] saved model.onnx + model.onnx.data ({(tmp / 'model.onnx.data').stat().st_size / 2**20:.1f} MiB)"
+            f" in {time.perf_counter() - t1:.1f}s")
+        from .ep_check import check_model  # static EP rules on the built graph
+        problems = check_model(tmp / "model.onnx", plan.ep)
+        if problems:
+            raise ConversionError(f"built graph breaks {len(problems)} {plan.ep.name} rule(s): {problems[0]}",
+                                  file=output, field="--execution_provider", value=plan.ep.name)
+        _replace_dir(tmp, output)
+    except BaseException:
+        graph.abort()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        ckpt.close()
+    for note in plan.notes:
+        log(f"note: {note}")
+    log(f"done: {output} in {time.perf_counter() - t0:.1f}s")
+    return plan
+
+
+def _emit_with_progress(ctx: EmitContext, plan: ModelPlan, log) -> None:
+    t, total = time.perf_counter(), len(plan.linears)
+    step, done = max(1, total // 10), [0]
+
+    def progress(_linear_plan) -> None:
+        done[0] += 1
+        if done[0] % step == 0 or done[0] == total:
+            log(f"[2/3] emitted {done[0]}/{total} linears ({time.perf_counter() - t:.1f}s)")
+
+    ctx.progress = progress
+    plan.family.build_graph(ctx, plan.hp, plan.linears, plan.attention)
+
+
+def _replace_dir(tmp: Path, output: Path) -> None:
+    if output.exists():
+        if output.is_file():
+            raise ConversionError("output path is a file", file=output)
+        old = output.with_name(f".{output.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        output.rename(old)
+        tmp.rename(output)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(output)
+
+
+def describe_plan(plan: ModelPlan) -> str:
+    hp = plan.hp
+    lines = [f"model: {hp.architecture} ({hp.model_type}) layers={hp.num_layers} hidden={hp.hidden_size} "
+             f"heads={hp.num_heads}/{hp.num_kv_heads} head_dim={hp.head_dim} vocab={hp.vocab_size}",
+             f"target: ep={plan.ep.name} io={plan.io}"]
+    if plan.quant:
+        q = plan.quant
+        lines.append(f"quark: version={q.version} pack_method={q.export.pack_method} "
+                     f"weight_format={q.export.weight_format} algos={list(q.algos) or '-'} exclude={list(q.exclude)}")
+    width = max(len(n) for n in plan.linears)
+    for name, lp in plan.linears.items():
+        spec = lp.spec.short() if lp.spec else "float"
+        bias = " +bias" if lp.has_bias else ""
+        lines.append(f"  {name:<{width}}  {spec}  ->  {lp.scheme.describe(lp, plan.ep)}{bias}")
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)

@@ -1,0 +1,24 @@
+"""What an execution provider accepts, as data. One module per EP fills in an EPConfig."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EPConfig:
+    name: str                                  # cpu | cuda | rocm | migraphx
+    default_precision: str                     # io dtype when -p is not given
+    precisions: tuple[str, ...]                # io dtypes this EP's kernels (GQA, MatMulNBits) take
+    genai_provider_options: tuple[dict, ...]   # genai_config decoder.session_options.provider_options
+    matmul_nbits_bits: frozenset = frozenset({2, 4, 8})
+    matmul_nbits_bias_input: bool = True       # False: emit bias as a separate Add (MIGraphX ignores it)
+    accuracy_level_4bit: int = 0
+    accuracy_level_8bit: int = 0
+    gqa_kv_quant: frozenset = frozenset()      # cache dtypes GroupQueryAttention quantizes natively ("fp8", "int8")
+    fp8_linear: str = "qdq"                    # how FP8 W8A8 linears are emitted (see builder/quant/fp8_*.py)
+    custom_ops_backend: str | None = None      # cpu | cuda | hip: which custom_ops library build applies
+    notes: tuple[str, ...] = ()                # what `inspect` should tell the user about this EP
+    constraints: tuple = field(default=())     # static rules checked on the built graph (builder/ep_check.py)
+
+    def default_accuracy_level(self, bits: int) -> int:
+        return self.accuracy_level_4bit if bits <= 4 else self.accuracy_level_8bit

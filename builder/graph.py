@@ -1,0 +1,122 @@
+"""A small ONNX graph builder that streams initializers to one external data file as they are added.
+
+Weights are written to `<model>.onnx.data` the moment they are created, so the converter never holds more than the
+tensor it is working on; the ModelProto keeps only external-data references and is small even for 70B models.
+Everything is emitted in insertion order, so the same input gives byte-identical files.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+ALIGN = 64  # byte alignment of each tensor in the data file (ORT memory-maps it)
+INLINE_LIMIT = 64  # tensors with at most this many bytes stay inside the proto
+
+NP_TO_ONNX = {
+    np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(ml_dtypes.bfloat16): TensorProto.BFLOAT16, np.dtype(np.float64): TensorProto.DOUBLE,
+    np.dtype(ml_dtypes.float8_e4m3fn): TensorProto.FLOAT8E4M3FN, np.dtype(ml_dtypes.float8_e5m2): TensorProto.FLOAT8E5M2,
+    np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int32): TensorProto.INT32, np.dtype(np.int8): TensorProto.INT8,
+    np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int16): TensorProto.INT16, np.dtype(np.uint16): TensorProto.UINT16,
+    np.dtype(np.bool_): TensorProto.BOOL,
+}
+IO_DTYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
+IO_NUMPY = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
+
+
+class GraphBuilder:
+    def __init__(self, data_path: Path, opset: int = 21):
+        self.data_path = Path(data_path)
+        self._data = open(self.data_path, "wb")
+        self._offset = 0
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[TensorProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.outputs: list[onnx.ValueInfoProto] = []
+        self.functions: dict[tuple[str, str], onnx.FunctionProto] = {}
+        self.opsets: dict[str, int] = {"": opset, "com.microsoft": 1}
+        self._names: set[str] = set()
+        self.op_counts: dict[str, int] = {}
+
+    # ---- values ------------------------------------------------------------------------------------------------
+    def input(self, name: str, elem_type: int, shape: list) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+        return name
+
+    def output(self, name: str, elem_type: int, shape: list) -> str:
+        self.outputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+        return name
+
+    def initializer(self, name: str, array: np.ndarray) -> str:
+        """Add a constant tensor; large ones go straight to the external data file."""
+        if name in self._names:
+            raise ValueError(f"duplicate initializer {name}")
+        self._names.add(name)
+        array = np.ascontiguousarray(array)
+        onnx_type = NP_TO_ONNX[array.dtype]
+        raw = array.tobytes()
+        tensor = TensorProto(name=name, data_type=onnx_type, dims=list(array.shape))
+        if len(raw) <= INLINE_LIMIT:
+            tensor.raw_data = raw
+        else:
+            pad = (-self._offset) % ALIGN
+            if pad:
+                self._data.write(b"\0" * pad)
+                self._offset += pad
+            self._data.write(raw)
+            tensor.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", self.data_path.name), ("offset", str(self._offset)),
+                               ("length", str(len(raw)))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+            self._offset += len(raw)
+        self.initializers.append(tensor)
+        return name
+
+    def scalar(self, name: str, value, dtype) -> str:
+        return self.initializer(name, np.array(value, dtype=dtype))
+
+    def const_i64(self, name: str, values) -> str:
+        return self.initializer(name, np.array(values, dtype=np.int64))
+
+    # ---- nodes -------------------------------------------------------------------------------------------------
+    def node(self, op_type: str, inputs: list[str], name: str, outputs: int | list[str] = 1,
+             domain: str = "", **attrs) -> list[str]:
+        """Append a node; outputs default to `<name>/output_<i>`. Returns the output names."""
+        if isinstance(outputs, int):
+            outputs = [f"{name}/output_{i}" for i in range(outputs)]
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=name, domain=domain or None, **attrs))
+        key = f"{domain}::{op_type}" if domain else op_type
+        self.op_counts[key] = self.op_counts.get(key, 0) + 1
+        return outputs
+
+    def op(self, op_type: str, inputs: list[str], name: str, domain: str = "", **attrs) -> str:
+        return self.node(op_type, inputs, name, 1, domain, **attrs)[0]
+
+    def add_function(self, function: onnx.FunctionProto, opset_version: int = 1) -> None:
+        self.functions.setdefault((function.domain, function.name), function)
+        self.opsets.setdefault(function.domain, opset_version)
+
+    # ---- save --------------------------------------------------------------------------------------------------
+    def finish(self, model_path: Path, graph_name: str = "main_graph", producer: str = "quark-onnx-builder",
+               metadata: dict | None = None) -> onnx.ModelProto:
+        self._data.close()
+        graph = helper.make_graph(self.nodes, graph_name, self.inputs, self.outputs, self.initializers)
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(self.opsets.items())],
+            producer_name=producer, functions=list(self.functions.values()))
+        model.ir_version = 10
+        for k, v in sorted((metadata or {}).items()):
+            model.metadata_props.add(key=k, value=str(v))
+        with open(model_path, "wb") as fh:
+            fh.write(model.SerializeToString(deterministic=True))
+        return model
+
+    def abort(self) -> None:
+        if not self._data.closed:
+            self._data.close()

@@ -1,0 +1,37 @@
+"""Unquantized (excluded or float-checkpoint) linears: a plain MatMul on W.T in the io dtype."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConversionError
+from .base import LinearPlan, Scheme
+
+
+class FloatLinear(Scheme):
+    name = "float"
+
+    @classmethod
+    def accepts(cls, spec) -> bool:
+        return spec is None
+
+    @classmethod
+    def check(cls, plan: LinearPlan, ckpt, ep) -> None:
+        wname = plan.weight_name or f"{plan.name}.weight"
+        shape = ckpt.shape(wname)
+        if shape != (plan.out_features, plan.in_features):
+            raise ConversionError("float weight has the wrong shape", file=ckpt.model_dir, layer=wname,
+                                  field="shape", value=list(shape),
+                                  accepted=str([plan.out_features, plan.in_features]))
+        if ckpt.dtype(wname) not in ("F32", "F16", "BF16"):
+            raise ConversionError("layer has no quantization spec but its weight is not float", file=ckpt.model_dir,
+                                  layer=wname, field="dtype", value=ckpt.dtype(wname))
+
+    @classmethod
+    def describe(cls, plan: LinearPlan, ep) -> str:
+        return "MatMul (float weight)"
+
+    @classmethod
+    def emit(cls, ctx, plan: LinearPlan, x: str) -> str:
+        w = ctx.float_weight(plan.weight_name or f"{plan.name}.weight")
+        w_t = ctx.graph.initializer(f"{plan.name}.weight.T", np.ascontiguousarray(w.T))
+        return ctx.graph.op("MatMul", [x, w_t], f"{plan.node_prefix}/MatMul")

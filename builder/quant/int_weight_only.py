@@ -1,0 +1,173 @@
+"""Integer weight-only linears (int4/uint4/int8/uint8, per_group or per_channel) -> MatMulNBits.
+
+Layouts (quark_format.md sections 2-3, pitfall 2), real_quantized:
+  per_group  : weight [in, ceil(out/P)], scale [in/g, out], zero_point [in/g, ceil(out/P)]   (transposed; P=8 for
+               4-bit packed in int32, P=1 for 8-bit stored as int8/uint8)
+  per_channel: weight [out, in/P], scale [out], zero_point [ceil(out/P)]                        (not transposed)
+fake_quantized: weight float [out, in] (already QDQ'd), scale [out, in/g] (or [out]), zero_point int32 unpacked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConversionError
+from ..ops.matmul_nbits import block_size_for, emit_matmul_nbits
+from .base import LinearPlan, Scheme
+from .int_packing import unpack_int4_words
+
+BITS = {"int4": 4, "uint4": 4, "int8": 8, "uint8": 8}
+SIGNED = {"int4": True, "uint4": False, "int8": True, "uint8": False}
+
+
+@dataclass
+class IntWeight:
+    q: np.ndarray      # int16 [out, in], values in the checkpoint's domain (signed or unsigned)
+    scale: np.ndarray  # float32 [out, groups]
+    zp: np.ndarray     # int16 [out, groups]
+    bits: int
+    signed: bool
+    group_size: int
+
+    def to_unsigned(self) -> tuple[np.ndarray, np.ndarray]:
+        """Shift signed values by 2^(bits-1) so that (u - zpu) == (q - zp): MatMulNBits is unsigned."""
+        off = (1 << (self.bits - 1)) if self.signed else 0
+        return (self.q + off).astype(np.uint8), (self.zp + off).astype(np.uint8)
+
+    def dequantize(self) -> np.ndarray:
+        g = self.group_size
+        return ((self.q - np.repeat(self.zp, g, axis=1)[:, : self.q.shape[1]])
+                * np.repeat(self.scale, g, axis=1)[:, : self.q.shape[1]]).astype(np.float32)
+
+
+def _fail(ckpt, layer, message, field, value, accepted=None):
+    raise ConversionError(message, file=ckpt.model_dir, layer=layer, field=field, value=value, accepted=accepted)
+
+
+def _expect_shape(ckpt, tensor, shape):
+    got = ckpt.shape(tensor)
+    if tuple(got) != tuple(shape):
+        _fail(ckpt, tensor, "tensor has the wrong shape for this layer's spec", "shape", list(got), str(list(shape)))
+
+
+class IntWeightOnly(Scheme):
+    name = "int-weight-only"
+
+    @classmethod
+    def accepts(cls, spec) -> bool:
+        if spec is None or len(spec.weight) != 1 or spec.input_tensors or spec.output_tensors:
+            return False
+        w = spec.weight[0]
+        return w.dtype in BITS and w.qscheme in ("per_group", "per_channel")
+
+    @staticmethod
+    def _group_size(plan: LinearPlan) -> int:
+        w = plan.spec.weight[0]
+        return w.group_size if w.qscheme == "per_group" else plan.in_features
+
+    @classmethod
+    def check(cls, plan: LinearPlan, ckpt, ep) -> None:
+        w = plan.spec.weight[0]
+        n, k = plan.out_features, plan.in_features
+        g = cls._group_size(plan)
+        if w.qscheme == "per_channel" and w.ch_axis not in (0, None):
+            _fail(ckpt, plan.name, "per_channel weights must use the output axis", "weight.ch_axis", w.ch_axis, "0")
+        if w.qscheme == "per_group" and w.ch_axis not in (-1, 1, None):
+            _fail(ckpt, plan.name, "per_group weights must group along in-features", "weight.ch_axis", w.ch_axis,
+                  "-1, 1")
+        if k % g:
+            _fail(ckpt, plan.name, f"group size does not divide in_features={k}", "weight.group_size", g)
+        block_size_for(g, k, plan.name)
+        bits = BITS[w.dtype]
+        if bits not in ep.matmul_nbits_bits:
+            _fail(ckpt, plan.name, f"execution provider {ep.name} runs MatMulNBits only with "
+                  f"{sorted(ep.matmul_nbits_bits)} bits", "weight.dtype", w.dtype)
+        base = plan.name
+        for suffix in ("weight", "weight_scale"):
+            if f"{base}.{suffix}" not in ckpt:
+                _fail(ckpt, f"{base}.{suffix}", "tensor missing for a quantized layer", "weight.dtype", w.dtype)
+        groups = k // g
+        fake = _is_fake(ckpt, base)
+        pack = 8 if bits == 4 else 1
+        if fake:
+            _expect_shape(ckpt, f"{base}.weight", (n, k))
+        elif w.qscheme == "per_group":
+            _expect_shape(ckpt, f"{base}.weight", (k, -(-n // pack)))
+            _expect_shape(ckpt, f"{base}.weight_scale", (groups, n))
+        else:
+            _expect_shape(ckpt, f"{base}.weight", (n, -(-k // pack)))
+        zp_name = f"{base}.weight_zero_point"
+        if w.symmetric is False and zp_name not in ckpt:
+            _fail(ckpt, zp_name, "asymmetric spec but no zero point tensor", "weight.symmetric", False)
+
+    @classmethod
+    def load(cls, plan: LinearPlan, ckpt, pack_method: str) -> IntWeight:
+        w = plan.spec.weight[0]
+        n, k = plan.out_features, plan.in_features
+        bits, signed = BITS[w.dtype], SIGNED[w.dtype]
+        g = cls._group_size(plan)
+        groups = k // g
+        base = plan.name
+        zp_name = f"{base}.weight_zero_point"
+        has_zp = zp_name in ckpt
+        if _is_fake(ckpt, base):
+            wf = ckpt.get_f32(f"{base}.weight")
+            scale = ckpt.get_f32(f"{base}.weight_scale").reshape(n, groups)
+            zp = (ckpt.get(zp_name).astype(np.int16).reshape(n, groups) if has_zp
+                  else np.zeros((n, groups), np.int16))
+            q = np.round(wf / np.repeat(scale, g, axis=1)) + np.repeat(zp, g, axis=1)
+            lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+            q = np.clip(q, lo, hi).astype(np.int16)
+            return IntWeight(q, scale, zp, bits, signed, g)
+        raw = ckpt.get(f"{base}.weight")
+        if bits == 4:
+            if raw.dtype != np.int32:
+                _fail(ckpt, f"{base}.weight", "4-bit weights must be packed in int32", "dtype", str(raw.dtype))
+            q = unpack_int4_words(raw, pack_method, signed).astype(np.int16)
+        else:
+            q = raw.astype(np.int16)
+        scale = ckpt.get_f32(f"{base}.weight_scale")
+        if w.qscheme == "per_group":
+            q = q[:, :n].T                        # [in, out] -> [out, in]
+            scale = scale.T.reshape(n, groups)
+            if has_zp:
+                zraw = ckpt.get(zp_name)
+                zp = (unpack_int4_words(zraw, pack_method, signed) if bits == 4 else zraw)[:, :n]
+                zp = zp.astype(np.int16).T.reshape(n, groups)
+            else:
+                zp = np.zeros((n, groups), np.int16)
+        else:
+            q = q[:, :k]
+            scale = scale.reshape(n, 1)
+            if has_zp:
+                zraw = ckpt.get(zp_name).reshape(-1)
+                zp = (unpack_int4_words(zraw[None], pack_method, signed)[0] if bits == 4 else zraw)[:n]
+                zp = zp.astype(np.int16).reshape(n, 1)
+            else:
+                zp = np.zeros((n, 1), np.int16)
+        return IntWeight(np.ascontiguousarray(q), np.ascontiguousarray(scale), zp, bits, signed, g)
+
+    @classmethod
+    def describe(cls, plan: LinearPlan, ep) -> str:
+        w = plan.spec.weight[0]
+        g = cls._group_size(plan)
+        bs = block_size_for(g, plan.in_features, plan.name)
+        return (f"MatMulNBits bits={BITS[w.dtype]} block_size={bs}"
+                f"{' (per-channel scale replicated)' if w.qscheme == 'per_channel' else ''}"
+                f"{' (signed, shifted by 2^(bits-1))' if SIGNED[w.dtype] else ''}")
+
+    @classmethod
+    def emit(cls, ctx, plan: LinearPlan, x: str) -> str:
+        iw = cls.load(plan, ctx.ckpt, ctx.quant.export.pack_method)
+        u, zpu = iw.to_unsigned()
+        acc = ctx.options.accuracy_level
+        if acc is None:
+            acc = ctx.ep.default_accuracy_level(iw.bits)
+        return emit_matmul_nbits(ctx, plan.name, f"{plan.node_prefix}/MatMulNBits", x, u, iw.scale,
+                                 zpu if (iw.signed is False or np.any(iw.zp != 0)) else None,
+                                 iw.bits, iw.group_size, acc)
+
+
+def _is_fake(ckpt, base: str) -> bool:
+    return ckpt.dtype(f"{base}.weight") in ("F32", "F16", "BF16")
