@@ -19,6 +19,8 @@ class EPConfig:
     custom_ops_backend: str | None = None      # cpu | cuda | hip: which custom_ops library build applies
     notes: tuple[str, ...] = ()                # what `inspect` should tell the user about this EP
     constraints: tuple = field(default=())     # static rules checked on the built graph (builder/ep_check.py)
+    model_constraints: tuple = field(default=())  # whole-graph rules given the per-node findings (ep_rules.ModelRule)
+    genai_provider_note: str = ""              # why genai_provider_options is what it is (docs, `inspect`)
 
     def default_accuracy_level(self, bits: int) -> int:
         return self.accuracy_level_4bit if bits <= 4 else self.accuracy_level_8bit

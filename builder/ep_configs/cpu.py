@@ -1,15 +1,20 @@
 """CPU execution provider."""
+from ..ep_rules import CPU_RULES
 from .base import EPConfig
 
 CONFIG = EPConfig(
     name="cpu",
     default_precision="fp32",
+    # bf16: MatMul/Add/Mul/MatMulNBits/GroupQueryAttention have no bf16 CPU kernel in onnxruntime 1.32
     precisions=("fp32", "fp16"),
+    # No entry: onnxruntime-genai 0.18 always has the CPU EP and throws when "cpu" is given provider options.
     genai_provider_options=(),
+    genai_provider_note="empty provider_options: the CPU EP is always registered (genai rejects options for it)",
     # accuracy_level 4 (int8 activations) is the fast CPU path; 8-bit weights are 13-167x slower at level 0
     # (ort_facts.md). Pass --extra_options accuracy_level=1 for fp32-exact results.
     accuracy_level_4bit=4,
     accuracy_level_8bit=4,
     fp8_linear="dequantized_weight",
     custom_ops_backend="cpu",
+    constraints=CPU_RULES,
 )
