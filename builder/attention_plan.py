@@ -16,6 +16,7 @@ def register_chooser(fn: Callable) -> Callable:
 
 
 def choose_attention(model_plan, ckpt) -> None:
+    from . import attention_variants  # noqa: F401  (registers the FP8 KV-cache / FP8 attention chooser)
     for chooser in CHOOSERS:
         attention = chooser(model_plan, ckpt)
         if attention is not None:

@@ -34,6 +34,7 @@ class ModelPlan:
     notes: list[str] = field(default_factory=list)
     attention: object = None      # callable emitting one layer's attention core
     decoder_extras: dict = field(default_factory=dict)
+    search_extras: dict = field(default_factory=dict)  # genai_config "search" overrides
 
 
 def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
@@ -97,7 +98,7 @@ def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precis
         graph.finish(tmp / "model.onnx", metadata={"quark_onnx.ep": plan.ep.name, "quark_onnx.io": plan.io})
         lib = plan.options.custom_ops_library
         write_genai_config(build_genai_config(plan.hp, plan.ep, plan.source, decoder_extras=plan.decoder_extras,
-                                              custom_ops_library=lib), tmp)
+                                              custom_ops_library=lib, search_extras=plan.search_extras), tmp)
         copy_tokenizer_files(plan.source, tmp)
         log(f"[3/3] saved model.onnx + model.onnx.data ({(tmp / 'model.onnx.data').stat().st_size / 2**20:.1f} MiB)"
             f" in {time.perf_counter() - t1:.1f}s")

@@ -18,7 +18,8 @@ FROM_GENERATION_CONFIG = ("do_sample", "temperature", "top_k", "top_p", "repetit
 
 
 def build_genai_config(hp: DecoderHyper, ep: EPConfig, source_dir: Path, *, filename: str = "model.onnx",
-                       decoder_extras: dict | None = None, custom_ops_library: str | None = None) -> dict:
+                       decoder_extras: dict | None = None, custom_ops_library: str | None = None,
+                       search_extras: dict | None = None) -> dict:
     gen_path = source_dir / "generation_config.json"
     gen = json.loads(gen_path.read_text()) if gen_path.exists() else {}
     eos = gen.get("eos_token_id", hp.eos_token_id)
@@ -47,6 +48,7 @@ def build_genai_config(hp: DecoderHyper, ep: EPConfig, source_dir: Path, *, file
     search = dict(SEARCH_DEFAULTS)
     search.update({k: gen[k] for k in FROM_GENERATION_CONFIG if k in gen})
     search["max_length"] = hp.max_positions
+    search.update(search_extras or {})
     model = {"bos_token_id": bos, "context_length": hp.max_positions, "decoder": decoder, "eos_token_id": eos,
              "pad_token_id": pad, "type": hp.model_type, "vocab_size": hp.vocab_size}
     return {"model": model, "search": search}

@@ -15,7 +15,7 @@ class EPConfig:
     accuracy_level_4bit: int = 0
     accuracy_level_8bit: int = 0
     gqa_kv_quant: frozenset = frozenset()      # cache dtypes GroupQueryAttention quantizes natively ("fp8", "int8")
-    fp8_linear: str = "qdq"                    # how FP8 W8A8 linears are emitted (see builder/quant/fp8_*.py)
+    fp8_linear: str = "qdq"                    # FP8 linears: qdq | dequantized_weight | matmul_block_fp8 (quant/fp8_w8a8.py)
     custom_ops_backend: str | None = None      # cpu | cuda | hip: which custom_ops library build applies
     notes: tuple[str, ...] = ()                # what `inspect` should tell the user about this EP
     constraints: tuple = field(default=())     # static rules checked on the built graph (builder/ep_check.py)

@@ -10,7 +10,7 @@ CONFIG = EPConfig(
     genai_provider_note="onnxruntime-genai 0.18 dispatches 'cuda' to its CUDA device interface "
                         "(libonnxruntime-genai-cuda.so, shipped by the onnxruntime-genai-cuda package)",
     gqa_kv_quant=frozenset({"fp8", "int8"}),
-    fp8_linear="qdq",
+    fp8_linear="matmul_block_fp8",
     custom_ops_backend="cuda",
     constraints=CUDA_RULES,
 )

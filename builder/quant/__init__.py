@@ -5,9 +5,11 @@ from ..errors import ConversionError
 from ..quark_reader import QLayerSpec
 from .base import LinearPlan, Scheme
 from .float_linear import FloatLinear
+from .fp8_w8a8 import Fp8W8A8
+from .int8_w8a8 import Int8W8A8
 from .int_weight_only import IntWeightOnly
 
-SCHEMES: list[type[Scheme]] = [FloatLinear, IntWeightOnly]
+SCHEMES: list[type[Scheme]] = [FloatLinear, IntWeightOnly, Fp8W8A8, Int8W8A8]
 
 
 def register(scheme: type[Scheme]) -> type[Scheme]:

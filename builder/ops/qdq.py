@@ -1,0 +1,70 @@
+"""QuantizeLinear / DequantizeLinear building blocks for W8A8 linears, the FP8 KV cache and FP8 attention.
+
+Static activation (one scale from the checkpoint):
+    x ──► QuantizeLinear(s, zp: float8e4m3fn | int8 | uint8, saturate) ──► DequantizeLinear(s, zp) ──► x_qdq
+Dynamic FP8 activation (per-tensor or per-token, scale = amax / 448 at run time, 0 -> fp32 eps like Quark):
+    x ──► Abs ─► ReduceMax ─► Div 448 ─► (0 -> eps) = s
+    x / s ──► QuantizeLinear(1.0, fp8) ──► DequantizeLinear(1.0) = u        (u * s is Quark's fake-quantized x)
+Weights: the checkpoint's fp8/int8 [out, in] matrix transposed to [in, out], DequantizeLinear with a scalar or
+per-axis (axis=1) scale, so MIGraphX's simplify_qdq can turn DQ(x)·DQ(w) into an FP8/INT8 GEMM.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+FP8_MAX = 448.0
+FP32_EPS = float(np.finfo(np.float32).eps)
+ZERO_DTYPES = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "int8": np.int8, "uint8": np.uint8}
+
+
+def zero_point(qtype: str, value: int = 0) -> np.ndarray:
+    return np.array(value, dtype=ZERO_DTYPES[qtype])
+
+
+def quantize(ctx, x: str, scale: str, zp: str, name: str, axis: int | None = None) -> str:
+    """QuantizeLinear; fp8 saturates (clip to +-448 then round-to-nearest-even, Quark's fake quantizer)."""
+    return ctx.graph.op("QuantizeLinear", [x, scale, zp], f"{name}/QuantizeLinear", axis=axis)
+
+
+def dequantize(ctx, q: str, scale: str, zp: str, name: str, axis: int | None = None) -> str:
+    return ctx.graph.op("DequantizeLinear", [q, scale, zp], f"{name}/DequantizeLinear", axis=axis)
+
+
+def qdq_static(ctx, x: str, scale: float, qtype: str, name: str, zp_value: int = 0) -> str:
+    """Fake-quantize x with a per-tensor checkpoint scale (and integer zero point)."""
+    g = ctx.graph
+    s = g.scalar(f"{name}/scale", scale, ctx.io_np)
+    zp = g.initializer(f"{name}/zero_point", zero_point(qtype, zp_value))
+    return dequantize(ctx, quantize(ctx, x, s, zp, name), s, zp, name)
+
+
+def fp8_dynamic_unit(ctx, x: str, per_token: bool, name: str) -> tuple[str, str]:
+    """Dynamic FP8: (u, s) with u = fp8(x / s) as floats and s = amax / 448 ([..., 1] per token, or scalar)."""
+    g = ctx.graph
+    ax = g.op("Abs", [x], f"{name}/Abs")
+    if per_token:
+        amax = g.op("ReduceMax", [ax, g.const_i64(f"{name}/axes", [-1])], f"{name}/ReduceMax", keepdims=1)
+    else:
+        amax = g.op("ReduceMax", [ax], f"{name}/ReduceMax", keepdims=0)
+    s = g.op("Div", [amax, g.scalar(f"{name}/fp8_max", FP8_MAX, ctx.io_np)], f"{name}/Div_max")
+    zero = g.op("Equal", [s, g.scalar(f"{name}/zero", 0.0, ctx.io_np)], f"{name}/Equal_zero")
+    s = g.op("Where", [zero, g.scalar(f"{name}/eps", FP32_EPS, ctx.io_np), s], f"{name}/scale")
+    xs = g.op("Div", [x, s], f"{name}/Div_scale")
+    one = g.scalar(f"{name}/unit_scale", 1.0, ctx.io_np)
+    zp = g.initializer(f"{name}/zero_point", zero_point("fp8_e4m3"))
+    return dequantize(ctx, quantize(ctx, xs, one, zp, name), one, zp, name), s
+
+
+def weight_dq(ctx, base: str, q_t: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, name: str) -> str:
+    """DequantizeLinear of a transposed [in, out] quantized weight; scale scalar or [out] (axis=1)."""
+    g = ctx.graph
+    w = g.initializer(f"{base}.weight.T.q", np.ascontiguousarray(q_t))
+    per_axis = scale.size > 1
+    s = g.initializer(f"{base}.weight_scale.dq", (scale.reshape(-1) if per_axis else scale.reshape(()))
+                      .astype(ctx.io_np))
+    if zp is None:
+        zp = np.zeros(scale.shape, q_t.dtype)
+    z = g.initializer(f"{base}.weight_zero_point.dq", (zp.reshape(-1) if per_axis else zp.reshape(()))
+                      .astype(q_t.dtype))
+    return dequantize(ctx, w, s, z, name, axis=1 if per_axis else None)

@@ -1,0 +1,109 @@
+"""INT8/UINT8 W8A8: int8/uint8 weights (per_tensor or per_channel) with a static per-tensor activation scale and
+zero point (Quark's `int8` template, SmoothQuant-style exports).
+
+Tensors (quark_format.md section 2): weight int8/uint8 [out, in]; weight_scale [] or [out] (float32 in the template);
+weight_zero_point [] or [out]; input_scale []; input_zero_point [] (int8 or uint8, 0 when symmetric).
+Quark's numerics: q = clamp(round_half_even(x / s) + zp), x_q = (q - zp) * s, the same for W.
+
+Emitted on every EP:
+    x ─► QuantizeLinear(s_x, zp_x) ─► DequantizeLinear ─► MatMul ◄─ DequantizeLinear(int8 W.T [in,out], s_w, zp_w)
+ORT CPU fuses this into MatMulIntegerToFloat (integer GEMM); MIGraphX's simplify_qdq into an INT8 quant_dot.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConversionError
+from ..ops.qdq import dequantize, quantize, weight_dq
+from .base import LinearPlan, Scheme
+
+INT_DTYPES = {"int8": np.int8, "uint8": np.uint8}
+SAFETENSORS = {"int8": "I8", "uint8": "U8"}
+
+
+def _fail(ckpt, layer, message, field=None, value=None, accepted=None):
+    raise ConversionError(message, file=ckpt.model_dir, layer=layer, field=field, value=value, accepted=accepted)
+
+
+class Int8W8A8(Scheme):
+    name = "int8-w8a8"
+
+    @classmethod
+    def accepts(cls, spec) -> bool:
+        return (spec is not None and len(spec.weight) == 1 and spec.weight[0].dtype in INT_DTYPES
+                and spec.weight[0].qscheme in ("per_tensor", "per_channel") and len(spec.input_tensors) == 1
+                and spec.input_tensors[0].dtype in INT_DTYPES)
+
+    @classmethod
+    def check(cls, plan: LinearPlan, ckpt, ep) -> None:
+        spec, base = plan.spec, plan.name
+        w, a = spec.weight[0], spec.input_tensors[0]
+        if a.is_dynamic:
+            _fail(ckpt, base, "dynamic INT8 activations are not supported", "input_tensors.is_dynamic", True, "false")
+        if a.qscheme != "per_tensor":
+            _fail(ckpt, base, "INT8 activations must be per_tensor", "input_tensors.qscheme", a.qscheme, "per_tensor")
+        if w.qscheme == "per_channel" and w.ch_axis not in (0, None):
+            _fail(ckpt, base, "per_channel weights must use the output axis", "weight.ch_axis", w.ch_axis, "0")
+        if spec.output_tensors:
+            _fail(ckpt, base, "output quantization with INT8 W8A8 is not supported", "output_tensors",
+                  spec.output_tensors[0].short())
+        if spec.bias:
+            _fail(ckpt, base, "quantized bias is not supported", "bias.dtype", spec.bias[0].dtype)
+        n, k = plan.out_features, plan.in_features
+        for suffix in ("weight", "weight_scale", "input_scale"):
+            if f"{base}.{suffix}" not in ckpt:
+                _fail(ckpt, f"{base}.{suffix}", "tensor missing for an INT8 W8A8 layer", "weight.dtype", w.dtype)
+        if tuple(ckpt.shape(f"{base}.weight")) != (n, k):
+            _fail(ckpt, f"{base}.weight", "INT8 weight has the wrong shape", "shape",
+                  list(ckpt.shape(f"{base}.weight")), str([n, k]))
+        if ckpt.dtype(f"{base}.weight") != SAFETENSORS[w.dtype]:
+            _fail(ckpt, f"{base}.weight", f"{w.dtype} weight stored with another dtype", "dtype",
+                  ckpt.dtype(f"{base}.weight"), SAFETENSORS[w.dtype])
+        want = 1 if w.qscheme == "per_tensor" else n
+        for suffix in ("weight_scale", "weight_zero_point"):
+            name = f"{base}.{suffix}"
+            if name in ckpt and int(np.prod(ckpt.shape(name), dtype=np.int64)) != want:
+                _fail(ckpt, name, f"{w.qscheme} weight {suffix} must hold {want} value(s)", "shape",
+                      list(ckpt.shape(name)))
+        for suffix in ("input_scale", "input_zero_point"):
+            name = f"{base}.{suffix}"
+            if name in ckpt and int(np.prod(ckpt.shape(name), dtype=np.int64)) != 1:
+                _fail(ckpt, name, "per-tensor activation parameter must hold one value", "shape",
+                      list(ckpt.shape(name)))
+        s = float(ckpt.get_f32(f"{base}.input_scale").reshape(()))
+        if not np.isfinite(s) or s <= 0:
+            _fail(ckpt, f"{base}.input_scale", "scale must be positive and finite", "value", s)
+
+    @staticmethod
+    def _zp(ckpt, name: str, qtype: str, size: int) -> np.ndarray:
+        if name not in ckpt:
+            return np.zeros(size, INT_DTYPES[qtype])
+        z = np.asarray(ckpt.get(name)).astype(np.int64).reshape(-1)
+        info = np.iinfo(INT_DTYPES[qtype])
+        if z.min() < info.min or z.max() > info.max:
+            raise ConversionError("zero point out of range for its dtype", file=ckpt.model_dir, layer=name,
+                                  field="value", value=int(z.min()))
+        return z.astype(INT_DTYPES[qtype])
+
+    @classmethod
+    def describe(cls, plan: LinearPlan, ep) -> str:
+        w, a = plan.spec.weight[0], plan.spec.input_tensors[0]
+        fused = " (ORT CPU fuses it into MatMulIntegerToFloat)" if ep.name == "cpu" else ""
+        return (f"Q/DQ {a.dtype} activation + DequantizeLinear({w.dtype} {w.qscheme} weight) -> MatMul{fused}")
+
+    @classmethod
+    def emit(cls, ctx, plan: LinearPlan, x: str) -> str:
+        g, ckpt, base, pre = ctx.graph, ctx.ckpt, plan.name, plan.node_prefix
+        w, a = plan.spec.weight[0], plan.spec.input_tensors[0]
+        n = plan.out_features
+        q = np.asarray(ckpt.get(f"{base}.weight"))
+        scale = ckpt.get_f32(f"{base}.weight_scale").reshape(-1)
+        wzp = cls._zp(ckpt, f"{base}.weight_zero_point", w.dtype, scale.size)
+        if w.qscheme == "per_channel" and scale.size == 1:
+            scale, wzp = np.repeat(scale, n), np.repeat(wzp, n)
+        w_t = weight_dq(ctx, base, q.T, scale, wzp, f"{pre}/weight_dq")
+        s = g.scalar(f"{base}.input_scale.q", float(ckpt.get_f32(f"{base}.input_scale").reshape(())), ctx.io_np)
+        zp = g.initializer(f"{base}.input_zero_point.q",
+                           cls._zp(ckpt, f"{base}.input_zero_point", a.dtype, 1).reshape(()))
+        xq = dequantize(ctx, quantize(ctx, x, s, zp, f"{pre}/input_quant"), s, zp, f"{pre}/input_quant")
+        return g.op("MatMul", [xq, w_t], f"{pre}/MatMul")
