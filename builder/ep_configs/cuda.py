@@ -8,5 +8,6 @@ CONFIG = EPConfig(
     genai_provider_options=({"cuda": {}},),
     gqa_kv_quant=frozenset({"fp8", "int8"}),
     fp8_linear="qdq",
+    fp4_linear="native",
     custom_ops_backend="cuda",
 )

@@ -9,5 +9,6 @@ CONFIG = EPConfig(
     matmul_nbits_bits=frozenset({4}),
     matmul_nbits_bias_input=False,
     fp8_linear="qdq",
+    fp4_linear="dq_fp8",
     custom_ops_backend="hip",
 )

@@ -6,8 +6,12 @@ from ..quark_reader import QLayerSpec
 from .base import LinearPlan, Scheme
 from .float_linear import FloatLinear
 from .int_weight_only import IntWeightOnly
+from .mxfp4 import Mxfp4Linear
+from .nvfp4 import Nvfp4Linear
 
 SCHEMES: list[type[Scheme]] = [FloatLinear, IntWeightOnly]
+SCHEMES.append(Mxfp4Linear)
+SCHEMES.append(Nvfp4Linear)
 
 
 def register(scheme: type[Scheme]) -> type[Scheme]:
