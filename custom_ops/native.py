@@ -1,0 +1,206 @@
+"""Build (on demand) and call the CPU kernels of custom_ops/src through ctypes.
+
+The shared library goes to custom_ops/build/cpu/ (gitignored). It is built with CMake when `cmake` is on PATH,
+otherwise with one direct compiler call (`cc -O3 -shared -fPIC`, OpenMP when the compiler accepts -fopenmp), and
+rebuilt when a source is newer than the library.
+
+    from custom_ops import native
+    y = native.matmul_mxfp4(a, b_packed, b_scale)          # a float32|float16 [..., K]
+    y = native.matmul_fp8_w8a8(a, b_fp8, b_scale, a_scale)
+    y = native.matmul_fp8_w8a8_dyn(a, b_fp8, b_scale)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no build lock
+    fcntl = None
+
+import ml_dtypes
+import numpy as np
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+SOURCE_DIR = PACKAGE_DIR / "src"
+BUILD_DIR = PACKAGE_DIR / "build" / "cpu"
+LIBRARY_NAME = "quark_onnx_ops"
+CPU_SOURCES = ("qo_cpu_kernels.c", "qo_version.c")
+HEADERS = ("qo_fp_formats.h", "qo_kernels.h")
+ABI_VERSION = 1
+MXFP4_BLOCK_SIZE = 32
+
+_library: ctypes.CDLL | None = None
+
+
+class NativeBuildError(RuntimeError):
+    pass
+
+
+def library_path() -> Path:
+    suffix = {"darwin": ".dylib", "win32": ".dll"}.get(sys.platform, ".so")
+    prefix = "" if sys.platform == "win32" else "lib"
+    return BUILD_DIR / f"{prefix}{LIBRARY_NAME}{suffix}"
+
+
+def _inputs_of_build() -> list[Path]:
+    return [SOURCE_DIR / name for name in CPU_SOURCES + HEADERS] + [PACKAGE_DIR / "CMakeLists.txt"]
+
+
+def _is_stale(path: Path) -> bool:
+    if not path.exists():
+        return True
+    built = path.stat().st_mtime
+    return any(p.exists() and p.stat().st_mtime > built for p in _inputs_of_build())
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> None:
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise NativeBuildError(f"command failed ({result.returncode}): {' '.join(cmd)}\n{result.stdout}\n{result.stderr}")
+
+
+def _build_with_cmake(cmake: str) -> None:
+    cmake_build = BUILD_DIR / "cmake"
+    _run([cmake, "-S", str(PACKAGE_DIR), "-B", str(cmake_build), "-DCMAKE_BUILD_TYPE=Release",
+          "-DQO_WITH_CPU=ON", "-DQO_WITH_CUDA=OFF", "-DQO_WITH_HIP=OFF", "-DQO_WITH_ORT=OFF",
+          f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={BUILD_DIR}"])
+    _run([cmake, "--build", str(cmake_build), "--config", "Release", "-j", "2"])
+
+
+def _build_with_compiler() -> None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not compiler:
+        raise NativeBuildError("no C compiler found (set CC, or install cc/gcc/clang) to build custom_ops CPU kernels")
+    sources = [str(SOURCE_DIR / s) for s in CPU_SOURCES]
+    command = [compiler, "-O3", "-std=c99", "-shared", "-fPIC", "-fvisibility=hidden", *sources,
+               "-o", str(library_path())]
+    # Threads when OpenMP links, else only its simd pragmas, else plain.
+    for parallel_flags in (["-fopenmp"], ["-fopenmp-simd"], []):
+        try:
+            _run(command[:2] + parallel_flags + command[2:] + ["-lm"])
+            return
+        except NativeBuildError:
+            if not parallel_flags:
+                raise
+
+
+def build(force: bool = False, use_cmake: bool | None = None) -> Path:
+    """Build the CPU library if missing or stale (or force); returns its path. use_cmake=None: cmake when found."""
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    with open(BUILD_DIR / ".build.lock", "w") as lock:  # two test processes must not build at once
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if force or _is_stale(library_path()):
+            cmake = shutil.which("cmake") if use_cmake in (None, True) else None
+            if use_cmake and not cmake:
+                raise NativeBuildError("use_cmake=True but cmake is not on PATH")
+            _build_with_cmake(cmake) if cmake else _build_with_compiler()
+            if not library_path().exists():
+                raise NativeBuildError(f"build finished but {library_path()} is missing")
+    return library_path()
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    signatures = {
+        "qo_matmul_mxfp4_f32": [p, p, p, p, i64, i64, i64],
+        "qo_matmul_mxfp4_f16": [p, p, p, p, i64, i64, i64],
+        "qo_matmul_fp8_w8a8_f32": [p, p, p, i64, f32, p, i64, i64, i64],
+        "qo_matmul_fp8_w8a8_f16": [p, p, p, i64, f32, p, i64, i64, i64],
+        "qo_matmul_fp8_w8a8_dyn_f32": [p, p, p, i64, p, i64, i64, i64],
+        "qo_matmul_fp8_w8a8_dyn_f16": [p, p, p, i64, p, i64, i64, i64],
+    }
+    for name, argtypes in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int
+    lib.qo_abi_version.restype = ctypes.c_int
+    lib.qo_abi_version.argtypes = []
+
+
+def load_library(rebuild: bool = False) -> ctypes.CDLL:
+    """Build if needed and load the CPU kernel library (cached per process)."""
+    global _library
+    if _library is None or rebuild:
+        path = build(force=rebuild)
+        lib = ctypes.CDLL(str(path))
+        _declare(lib)
+        if lib.qo_abi_version() != ABI_VERSION:
+            raise NativeBuildError(f"{path}: ABI version {lib.qo_abi_version()}, expected {ABI_VERSION}; rebuild")
+        _library = lib
+    return _library
+
+
+def _ptr(array: np.ndarray) -> int:
+    return array.ctypes.data
+
+
+def _activation(a: np.ndarray, k: int, op: str) -> tuple[np.ndarray, str]:
+    a = np.asarray(a)
+    if a.dtype not in (np.float32, np.float16):
+        raise TypeError(f"{op}: A must be float32 or float16, got {a.dtype}")
+    if a.ndim < 1 or a.shape[-1] != k:
+        raise ValueError(f"{op}: A shape {a.shape} must end in K={k}")
+    return np.ascontiguousarray(a), ("f32" if a.dtype == np.float32 else "f16")
+
+
+def _check(status: int, op: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{op}: native kernel returned status {status} (1 bad argument, 2 out of memory)")
+
+
+def matmul_mxfp4(a: np.ndarray, b_packed: np.ndarray, b_scale: np.ndarray) -> np.ndarray:
+    """Y [..., N] = A [..., K] @ dequant_mxfp4(B [N, K/2], B_scale [N, K/32]).T, in A's dtype."""
+    b_packed = np.ascontiguousarray(b_packed, dtype=np.uint8)
+    b_scale = np.ascontiguousarray(b_scale, dtype=np.uint8)
+    n, k = b_packed.shape[0], b_packed.shape[1] * 2
+    if k % MXFP4_BLOCK_SIZE or b_scale.shape != (n, k // MXFP4_BLOCK_SIZE):
+        raise ValueError(f"matmul_mxfp4: B {b_packed.shape} / B_scale {b_scale.shape} do not describe K % 32 == 0")
+    a, suffix = _activation(a, k, "matmul_mxfp4")
+    m = a.size // k
+    y = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
+    fn = getattr(load_library(), f"qo_matmul_mxfp4_{suffix}")
+    _check(fn(_ptr(a), _ptr(b_packed), _ptr(b_scale), _ptr(y), m, n, k), "matmul_mxfp4")
+    return y
+
+
+def _fp8_weight(b_fp8: np.ndarray, b_scale) -> tuple[np.ndarray, np.ndarray]:
+    b = np.asarray(b_fp8)
+    if b.dtype == ml_dtypes.float8_e4m3fn:
+        b = b.view(np.uint8)
+    if b.dtype != np.uint8 or b.ndim != 2:
+        raise TypeError(f"B must be float8_e4m3fn (or its uint8 codes) [N, K], got {b.dtype} {b.shape}")
+    scale = np.ascontiguousarray(np.asarray(b_scale, dtype=np.float32).reshape(-1))
+    if scale.size not in (1, b.shape[0]):
+        raise ValueError(f"B_scale has {scale.size} values: want 1 (per-tensor) or N={b.shape[0]} (per-channel)")
+    return np.ascontiguousarray(b), scale
+
+
+def matmul_fp8_w8a8(a: np.ndarray, b_fp8: np.ndarray, b_scale, a_scale) -> np.ndarray:
+    """Y = QDQ_e4m3fn(A, A_scale) @ (B * B_scale).T; B_scale scalar or [N]; A's dtype out."""
+    b, scale = _fp8_weight(b_fp8, b_scale)
+    n, k = b.shape
+    a, suffix = _activation(a, k, "matmul_fp8_w8a8")
+    y = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
+    fn = getattr(load_library(), f"qo_matmul_fp8_w8a8_{suffix}")
+    a_scale_value = float(np.asarray(a_scale, dtype=np.float32).reshape(()))
+    _check(fn(_ptr(a), _ptr(b), _ptr(scale), scale.size, a_scale_value, _ptr(y), a.size // k, n, k), "matmul_fp8_w8a8")
+    return y
+
+
+def matmul_fp8_w8a8_dyn(a: np.ndarray, b_fp8: np.ndarray, b_scale) -> np.ndarray:
+    """Like matmul_fp8_w8a8 with per-row activation scale max(max|row|/448, 1e-12)."""
+    b, scale = _fp8_weight(b_fp8, b_scale)
+    n, k = b.shape
+    a, suffix = _activation(a, k, "matmul_fp8_w8a8_dyn")
+    y = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
+    fn = getattr(load_library(), f"qo_matmul_fp8_w8a8_dyn_{suffix}")
+    _check(fn(_ptr(a), _ptr(b), _ptr(scale), scale.size, _ptr(y), a.size // k, n, k), "matmul_fp8_w8a8_dyn")
+    return y

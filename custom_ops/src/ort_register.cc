@@ -1,0 +1,317 @@
+// ONNX Runtime registration of the com.quark_onnx kernels, written against the public C API only
+// (onnxruntime_c_api.h; no C++ wrapper, no link against onnxruntime: the API table arrives with RegisterCustomOps).
+//
+// NOT COMPILED IN THIS REPOSITORY'S CI: the ORT headers are not available there. Build it with
+//   cmake -S custom_ops -B build -DQO_WITH_ORT=ON -DONNXRUNTIME_ROOT=<ort package or source tree> [-DQO_WITH_CUDA=ON]
+//
+// Each op is registered once per activation type (float, float16) and per provider (CPU; CUDA when built with
+// QO_WITH_CUDA). OrtCustomOp.version is pinned to kOrtApiVersion (ORT >= 1.16) so the library also loads in newer
+// runtimes; errors come back as OrtStatus through CreateKernelV2 / KernelComputeV2 (no exception crosses the ABI).
+#include <stdint.h>
+
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "onnxruntime_c_api.h"
+#include "qo_kernels.h"
+
+namespace {
+
+constexpr uint32_t kOrtApiVersion = 16;  // CreateKernelV2 / KernelComputeV2 / KernelContext_GetGPUComputeStream
+constexpr const char* kDomain = "com.quark_onnx";
+
+const OrtApi* g_api = nullptr;
+
+enum class OpKind { kMxfp4, kFp8, kFp8Dyn };
+
+struct QoCustomOp : OrtCustomOp {
+  OpKind kind;
+  ONNXTensorElementDataType a_type;
+  bool gpu;
+};
+
+struct QoKernel {
+  OpKind kind;
+  bool half;
+  bool gpu;
+  int64_t attr_k = -1;  // MatMulMxfp4 attributes, checked against the tensors
+  int64_t attr_n = -1;
+};
+
+OrtStatus* Error(const std::string& message) {
+  return g_api->CreateStatus(ORT_INVALID_ARGUMENT, (std::string(kDomain) + ": " + message).c_str());
+}
+
+#define QO_RETURN_IF_ERROR(expr)        \
+  do {                                  \
+    OrtStatus* qo_status_ = (expr);     \
+    if (qo_status_) return qo_status_;  \
+  } while (0)
+
+struct TensorView {
+  const OrtValue* value = nullptr;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  std::vector<int64_t> shape;
+  int64_t elements() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+OrtStatus* Describe(const OrtValue* value, TensorView* out) {
+  out->value = value;
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  QO_RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(value, &info));
+  size_t rank = 0;
+  OrtStatus* status = g_api->GetTensorElementType(info, &out->type);
+  if (!status) status = g_api->GetDimensionsCount(info, &rank);
+  if (!status) {
+    out->shape.resize(rank);
+    status = g_api->GetDimensions(info, out->shape.data(), rank);
+  }
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  return status;
+}
+
+OrtStatus* Input(OrtKernelContext* context, size_t index, TensorView* out, const void** data) {
+  const OrtValue* value = nullptr;
+  QO_RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &value));
+  if (!value) return Error("missing input " + std::to_string(index));
+  QO_RETURN_IF_ERROR(Describe(value, out));
+  void* raw = nullptr;
+  QO_RETURN_IF_ERROR(g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &raw));
+  *data = raw;
+  return nullptr;
+}
+
+int RunCpu(const QoKernel& k, const void* a, const void* b, const void* b_scale, int64_t b_scale_count,
+           const float* a_scale, void* y, int64_t M, int64_t N, int64_t K) {
+#if defined(QO_WITH_CPU)
+  using u16 = uint16_t;
+  switch (k.kind) {
+    case OpKind::kMxfp4:
+      return k.half ? qo_matmul_mxfp4_f16((const u16*)a, (const uint8_t*)b, (const uint8_t*)b_scale, (u16*)y, M, N, K)
+                    : qo_matmul_mxfp4_f32((const float*)a, (const uint8_t*)b, (const uint8_t*)b_scale, (float*)y, M, N, K);
+    case OpKind::kFp8:
+      return k.half ? qo_matmul_fp8_w8a8_f16((const u16*)a, (const uint8_t*)b, (const float*)b_scale, b_scale_count,
+                                             *a_scale, (u16*)y, M, N, K)
+                    : qo_matmul_fp8_w8a8_f32((const float*)a, (const uint8_t*)b, (const float*)b_scale, b_scale_count,
+                                             *a_scale, (float*)y, M, N, K);
+    case OpKind::kFp8Dyn:
+      return k.half ? qo_matmul_fp8_w8a8_dyn_f16((const u16*)a, (const uint8_t*)b, (const float*)b_scale,
+                                                 b_scale_count, (u16*)y, M, N, K)
+                    : qo_matmul_fp8_w8a8_dyn_f32((const float*)a, (const uint8_t*)b, (const float*)b_scale,
+                                                 b_scale_count, (float*)y, M, N, K);
+  }
+#else
+  (void)k; (void)a; (void)b; (void)b_scale; (void)b_scale_count; (void)a_scale; (void)y; (void)M; (void)N; (void)K;
+#endif
+  return QO_ERR_ARGUMENT;
+}
+
+int RunGpu(const QoKernel& k, const void* a, const void* b, const void* b_scale, int64_t b_scale_count,
+           const float* a_scale_device, void* y, int64_t M, int64_t N, int64_t K, void* stream) {
+#if defined(QO_WITH_CUDA)
+  using u16 = uint16_t;
+  switch (k.kind) {
+    case OpKind::kMxfp4:
+      return k.half ? qo_gpu_matmul_mxfp4_f16((const u16*)a, (const uint8_t*)b, (const uint8_t*)b_scale, (u16*)y, M, N,
+                                              K, stream)
+                    : qo_gpu_matmul_mxfp4_f32((const float*)a, (const uint8_t*)b, (const uint8_t*)b_scale, (float*)y, M,
+                                              N, K, stream);
+    case OpKind::kFp8:
+      return k.half ? qo_gpu_matmul_fp8_w8a8_f16((const u16*)a, (const uint8_t*)b, (const float*)b_scale,
+                                                 b_scale_count, a_scale_device, (u16*)y, M, N, K, stream)
+                    : qo_gpu_matmul_fp8_w8a8_f32((const float*)a, (const uint8_t*)b, (const float*)b_scale,
+                                                 b_scale_count, a_scale_device, (float*)y, M, N, K, stream);
+    case OpKind::kFp8Dyn: {
+      float* row_scale = static_cast<float*>(qo_gpu_workspace_alloc((M > 0 ? M : 1) * (int64_t)sizeof(float), stream));
+      if (!row_scale) return QO_ERR_ALLOC;
+      const int status =
+          k.half ? qo_gpu_matmul_fp8_w8a8_dyn_f16((const u16*)a, (const uint8_t*)b, (const float*)b_scale,
+                                                  b_scale_count, row_scale, (u16*)y, M, N, K, stream)
+                 : qo_gpu_matmul_fp8_w8a8_dyn_f32((const float*)a, (const uint8_t*)b, (const float*)b_scale,
+                                                  b_scale_count, row_scale, (float*)y, M, N, K, stream);
+      qo_gpu_workspace_free(row_scale, stream);  // stream-ordered: freed after the kernels ran
+      return status;
+    }
+  }
+#else
+  (void)k; (void)a; (void)b; (void)b_scale; (void)b_scale_count; (void)a_scale_device; (void)y; (void)M; (void)N;
+  (void)K; (void)stream;
+#endif
+  return QO_ERR_ARGUMENT;
+}
+
+OrtStatus* ORT_API_CALL Compute(void* op_kernel, OrtKernelContext* context) {
+  const QoKernel& k = *static_cast<const QoKernel*>(op_kernel);
+  TensorView a, b, b_scale, a_scale;
+  const void *a_data = nullptr, *b_data = nullptr, *b_scale_data = nullptr, *a_scale_data = nullptr;
+  QO_RETURN_IF_ERROR(Input(context, 0, &a, &a_data));
+  QO_RETURN_IF_ERROR(Input(context, 1, &b, &b_data));
+  QO_RETURN_IF_ERROR(Input(context, 2, &b_scale, &b_scale_data));
+  if (k.kind == OpKind::kFp8) QO_RETURN_IF_ERROR(Input(context, 3, &a_scale, &a_scale_data));
+
+  if (a.shape.empty() || b.shape.size() != 2) return Error("A must have rank >= 1 and B rank 2");
+  const int64_t K = a.shape.back();
+  const int64_t N = b.shape[0];
+  const int64_t M = K > 0 ? a.elements() / K : 0;
+  if (k.kind == OpKind::kMxfp4) {
+    if (b.shape[1] * 2 != K || K % 32 != 0) return Error("MatMulMxfp4: B must be [N, K/2] with K % 32 == 0");
+    if (b_scale.shape.size() != 2 || b_scale.shape[0] != N || b_scale.shape[1] != K / 32)
+      return Error("MatMulMxfp4: B_scale must be [N, K/32]");
+    if ((k.attr_k > 0 && k.attr_k != K) || (k.attr_n > 0 && k.attr_n != N))
+      return Error("MatMulMxfp4: attributes K/N do not match the tensors");
+  } else {
+    if (b.shape[1] != K) return Error("MatMulFp8W8A8: B must be [N, K]");
+    const int64_t count = b_scale.elements();
+    if (count != 1 && !(b_scale.shape.size() == 1 && count == N))
+      return Error("MatMulFp8W8A8: B_scale must be a scalar or [N]");
+    if (k.kind == OpKind::kFp8 && a_scale.elements() != 1) return Error("MatMulFp8W8A8: A_scale must be a scalar");
+  }
+
+  std::vector<int64_t> y_shape = a.shape;
+  y_shape.back() = N;
+  OrtValue* y = nullptr;
+  QO_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, y_shape.data(), y_shape.size(), &y));
+  void* y_data = nullptr;
+  QO_RETURN_IF_ERROR(g_api->GetTensorMutableData(y, &y_data));
+  if (M == 0 || N == 0) return nullptr;
+
+  const int64_t b_scale_count = b_scale.elements();
+  int status;
+  if (k.gpu) {
+    void* stream = nullptr;
+    QO_RETURN_IF_ERROR(g_api->KernelContext_GetGPUComputeStream(context, &stream));
+    status = RunGpu(k, a_data, b_data, b_scale_data, b_scale_count, static_cast<const float*>(a_scale_data), y_data,
+                    M, N, K, stream);
+  } else {
+    status = RunCpu(k, a_data, b_data, b_scale_data, b_scale_count, static_cast<const float*>(a_scale_data), y_data,
+                    M, N, K);
+  }
+  if (status != QO_OK) return Error("kernel failed with status " + std::to_string(status));
+  return nullptr;
+}
+
+OrtStatus* ORT_API_CALL CreateKernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
+                                     void** kernel) {
+  const QoCustomOp* qo = static_cast<const QoCustomOp*>(op);
+  QoKernel* k = new (std::nothrow) QoKernel{qo->kind, qo->a_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, qo->gpu};
+  if (!k) return api->CreateStatus(ORT_FAIL, "com.quark_onnx: out of memory");
+  if (qo->kind == OpKind::kMxfp4) {
+    OrtStatus* status = api->KernelInfoGetAttribute_int64(info, "K", &k->attr_k);
+    if (!status) status = api->KernelInfoGetAttribute_int64(info, "N", &k->attr_n);
+    if (status) {  // attributes are required by the op definition
+      delete k;
+      return status;
+    }
+  }
+  *kernel = k;
+  return nullptr;
+}
+
+const char* ORT_API_CALL GetName(const OrtCustomOp* op) {
+  switch (static_cast<const QoCustomOp*>(op)->kind) {
+    case OpKind::kMxfp4: return "MatMulMxfp4";
+    case OpKind::kFp8: return "MatMulFp8W8A8";
+    case OpKind::kFp8Dyn: return "MatMulFp8W8A8Dyn";
+  }
+  return "";
+}
+
+const char* ORT_API_CALL GetProvider(const OrtCustomOp* op) {
+  return static_cast<const QoCustomOp*>(op)->gpu ? "CUDAExecutionProvider" : "CPUExecutionProvider";
+}
+
+size_t ORT_API_CALL GetInputTypeCount(const OrtCustomOp* op) {
+  return static_cast<const QoCustomOp*>(op)->kind == OpKind::kFp8 ? 4 : 3;
+}
+
+ONNXTensorElementDataType ORT_API_CALL GetInputType(const OrtCustomOp* op, size_t index) {
+  const QoCustomOp* qo = static_cast<const QoCustomOp*>(op);
+  if (index == 0) return qo->a_type;
+  if (qo->kind == OpKind::kMxfp4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;  // B, B_scale
+  if (index == 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN;
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;                                 // B_scale, A_scale
+}
+
+size_t ORT_API_CALL GetOutputTypeCount(const OrtCustomOp*) { return 1; }
+
+ONNXTensorElementDataType ORT_API_CALL GetOutputType(const OrtCustomOp* op, size_t) {
+  return static_cast<const QoCustomOp*>(op)->a_type;
+}
+
+void ORT_API_CALL KernelDestroy(void* op_kernel) { delete static_cast<QoKernel*>(op_kernel); }
+
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL Required(const OrtCustomOp*, size_t) {
+  return INPUT_OUTPUT_REQUIRED;
+}
+
+OrtMemType ORT_API_CALL InputMemoryType(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
+
+int ORT_API_CALL MinArity(const OrtCustomOp*) { return 1; }
+int ORT_API_CALL Homogeneous(const OrtCustomOp*) { return 0; }
+
+QoCustomOp MakeOp(OpKind kind, ONNXTensorElementDataType a_type, bool gpu) {
+  QoCustomOp op{};  // zero: every callback newer than kOrtApiVersion stays null
+  op.version = kOrtApiVersion;
+  op.CreateKernel = nullptr;  // the V2 entry points below are used instead
+  op.GetName = GetName;
+  op.GetExecutionProviderType = GetProvider;
+  op.GetInputType = GetInputType;
+  op.GetInputTypeCount = GetInputTypeCount;
+  op.GetOutputType = GetOutputType;
+  op.GetOutputTypeCount = GetOutputTypeCount;
+  op.KernelCompute = nullptr;
+  op.KernelDestroy = KernelDestroy;
+  op.GetInputCharacteristic = Required;
+  op.GetOutputCharacteristic = Required;
+  op.GetInputMemoryType = InputMemoryType;
+  op.GetVariadicInputMinArity = MinArity;
+  op.GetVariadicInputHomogeneity = Homogeneous;
+  op.GetVariadicOutputMinArity = MinArity;
+  op.GetVariadicOutputHomogeneity = Homogeneous;
+  op.CreateKernelV2 = CreateKernel;
+  op.KernelComputeV2 = Compute;
+  op.kind = kind;
+  op.a_type = a_type;
+  op.gpu = gpu;
+  return op;
+}
+
+std::vector<QoCustomOp>& AllOps() {
+  static std::vector<QoCustomOp> ops = [] {
+    std::vector<QoCustomOp> list;
+    std::vector<bool> providers;
+#if defined(QO_WITH_CPU)
+    providers.push_back(false);
+#endif
+#if defined(QO_WITH_CUDA)
+    providers.push_back(true);
+#endif
+    for (bool gpu : providers)
+      for (OpKind kind : {OpKind::kMxfp4, OpKind::kFp8, OpKind::kFp8Dyn})
+        for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16})
+          list.push_back(MakeOp(kind, t, gpu));
+    return list;
+  }();
+  return ops;
+}
+
+}  // namespace
+
+extern "C" QO_API OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  static std::mutex mutex;
+  static OrtCustomOpDomain* domain = nullptr;  // lives as long as the library: sessions keep pointers into it
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!g_api) g_api = api_base->GetApi(kOrtApiVersion);
+  if (!g_api) return nullptr;  // runtime older than 1.16: nothing registered, the ONNX-function fallbacks run
+  if (!domain) {
+    QO_RETURN_IF_ERROR(g_api->CreateCustomOpDomain(kDomain, &domain));
+    for (QoCustomOp& op : AllOps()) QO_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &op));
+  }
+  return g_api->AddCustomOpDomain(options, domain);
+}

@@ -1,0 +1,249 @@
+/* CPU kernels for the com.quark_onnx ops.
+ * Shape of the work: the weight is decoded to float32 one block of QO_ROWS_PER_BLOCK output channels at a time
+ * (each block decoded exactly once, kept in L2), then every activation row is multiplied against that block with a
+ * 2x4 register tile (two A rows x four weight rows share each load). Blocks are spread over OpenMP threads when the
+ * library is built with OpenMP; `omp simd` reductions let the compiler vectorise the dot products without
+ * -ffast-math. fp16 inputs/outputs are converted to/from float32 buffers around the float32 core. */
+#include <stdlib.h>
+
+#include "qo_fp_formats.h"
+#include "qo_kernels.h"
+
+#define QO_ROWS_PER_BLOCK 16
+#define QO_MXFP4_BLOCK 32
+#define QO_E4M3FN_MAX 448.0f
+#define QO_DYNAMIC_SCALE_MIN 1e-12f
+
+/* Writes `rows` decoded weight rows (row n0..n0+rows-1), each K floats, to out. */
+typedef void (*qo_decode_rows_fn)(const void* weight, int64_t n0, int64_t rows, int64_t K, float* out);
+
+typedef struct {
+  const uint8_t* packed; /* [N, K/2] */
+  const uint8_t* scales; /* [N, K/32] */
+} qo_mxfp4_weight;
+
+static void decode_mxfp4_rows(const void* weight, int64_t n0, int64_t rows, int64_t K, float* out) {
+  const qo_mxfp4_weight* w = (const qo_mxfp4_weight*)weight;
+  float table[16];
+  for (int c = 0; c < 16; ++c) table[c] = qo_e2m1_to_f32((uint8_t)c);
+  const int64_t blocks = K / QO_MXFP4_BLOCK;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = w->packed + (n0 + r) * (K / 2);
+    const uint8_t* row_scales = w->scales + (n0 + r) * blocks;
+    float* dst = out + r * K;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float scale = qo_e8m0_to_f32(row_scales[b]);
+      const uint8_t* bytes = row + b * (QO_MXFP4_BLOCK / 2);
+      float* block_dst = dst + b * QO_MXFP4_BLOCK;
+      for (int j = 0; j < QO_MXFP4_BLOCK / 2; ++j) {
+        block_dst[2 * j] = table[bytes[j] & 0x0F] * scale;
+        block_dst[2 * j + 1] = table[bytes[j] >> 4] * scale;
+      }
+    }
+  }
+}
+
+static void decode_e4m3fn_rows(const void* weight, int64_t n0, int64_t rows, int64_t K, float* out) {
+  const uint8_t* codes = (const uint8_t*)weight + n0 * K;
+  float table[256];
+  for (int c = 0; c < 256; ++c) table[c] = qo_e4m3fn_to_f32((uint8_t)c);
+  for (int64_t i = 0; i < rows * K; ++i) out[i] = table[codes[i]];
+}
+
+/* y[r][c] = dot(a_r, w_c) for two A rows and four weight rows. */
+static void dot_2x4(const float* a0, const float* a1, const float* w0, const float* w1, const float* w2,
+                    const float* w3, int64_t K, float y[2][4]) {
+  float s00 = 0, s01 = 0, s02 = 0, s03 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0;
+#pragma omp simd reduction(+ : s00, s01, s02, s03, s10, s11, s12, s13)
+  for (int64_t k = 0; k < K; ++k) {
+    s00 += a0[k] * w0[k]; s01 += a0[k] * w1[k]; s02 += a0[k] * w2[k]; s03 += a0[k] * w3[k];
+    s10 += a1[k] * w0[k]; s11 += a1[k] * w1[k]; s12 += a1[k] * w2[k]; s13 += a1[k] * w3[k];
+  }
+  y[0][0] = s00; y[0][1] = s01; y[0][2] = s02; y[0][3] = s03;
+  y[1][0] = s10; y[1][1] = s11; y[1][2] = s12; y[1][3] = s13;
+}
+
+static float dot_1x1(const float* a, const float* w, int64_t K) {
+  float s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t k = 0; k < K; ++k) s += a[k] * w[k];
+  return s;
+}
+
+/* Y[m][n] = dot(A[m], W[n]) * row_scale[m] * col_scale[n]; row_scale / col_scale may be NULL (= 1);
+ * col_scale_count is 1 (per-tensor) or N. */
+static void gemm_rows_times_block(const float* A, const float* block, int64_t n0, int64_t rows, int64_t M,
+                                  int64_t N, int64_t K, const float* row_scale, const float* col_scale,
+                                  int64_t col_scale_count, float* Y) {
+  int64_t m = 0;
+  for (; m + 2 <= M; m += 2) {
+    const float* a0 = A + m * K;
+    const float* a1 = a0 + K;
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+      float y[2][4];
+      const float* w = block + r * K;
+      dot_2x4(a0, a1, w, w + K, w + 2 * K, w + 3 * K, K, y);
+      for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 4; ++j) Y[(m + i) * N + n0 + r + j] = y[i][j];
+    }
+    for (; r < rows; ++r) {
+      Y[m * N + n0 + r] = dot_1x1(a0, block + r * K, K);
+      Y[(m + 1) * N + n0 + r] = dot_1x1(a1, block + r * K, K);
+    }
+  }
+  for (; m < M; ++m)
+    for (int64_t r = 0; r < rows; ++r) Y[m * N + n0 + r] = dot_1x1(A + m * K, block + r * K, K);
+  if (row_scale || col_scale) {
+    for (int64_t mm = 0; mm < M; ++mm)
+      for (int64_t r = 0; r < rows; ++r) {
+        float scale = row_scale ? row_scale[mm] : 1.0f;
+        if (col_scale) scale *= col_scale[col_scale_count == 1 ? 0 : n0 + r];
+        Y[mm * N + n0 + r] *= scale;
+      }
+  }
+}
+
+static int gemm_decoded(const float* A, int64_t M, int64_t N, int64_t K, qo_decode_rows_fn decode,
+                        const void* weight, const float* row_scale, const float* col_scale,
+                        int64_t col_scale_count, float* Y) {
+  const int64_t block_count = (N + QO_ROWS_PER_BLOCK - 1) / QO_ROWS_PER_BLOCK;
+  int failed = 0;
+#pragma omp parallel
+  {
+    float* block = (float*)malloc(sizeof(float) * QO_ROWS_PER_BLOCK * (size_t)K);
+    if (!block) {
+#pragma omp atomic write
+      failed = 1;
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < block_count; ++b) {
+      if (!block) continue;
+      const int64_t n0 = b * QO_ROWS_PER_BLOCK;
+      const int64_t rows = (N - n0) < QO_ROWS_PER_BLOCK ? (N - n0) : QO_ROWS_PER_BLOCK;
+      decode(weight, n0, rows, K, block);
+      gemm_rows_times_block(A, block, n0, rows, M, N, K, row_scale, col_scale, col_scale_count, Y);
+    }
+    free(block);
+  }
+  return failed ? QO_ERR_ALLOC : QO_OK;
+}
+
+static float* f16_to_f32_buffer(const uint16_t* src, int64_t count) {
+  float* dst = (float*)malloc(sizeof(float) * (size_t)(count > 0 ? count : 1));
+  if (dst)
+    for (int64_t i = 0; i < count; ++i) dst[i] = qo_f16_to_f32(src[i]);
+  return dst;
+}
+
+static void f32_to_f16_buffer(const float* src, uint16_t* dst, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = qo_f32_to_f16(src[i]);
+}
+
+static int shape_ok(const void* A, const void* B, const void* Y, int64_t M, int64_t N, int64_t K) {
+  return A && B && Y && M >= 0 && N >= 0 && K > 0;
+}
+
+/* ---------------- MXFP4 ---------------- */
+int qo_matmul_mxfp4_f32(const float* A, const uint8_t* B, const uint8_t* B_scale, float* Y, int64_t M, int64_t N,
+                        int64_t K) {
+  if (!shape_ok(A, B, Y, M, N, K) || !B_scale || K % QO_MXFP4_BLOCK != 0) return QO_ERR_ARGUMENT;
+  if (M == 0 || N == 0) return QO_OK;
+  qo_mxfp4_weight weight = {B, B_scale};
+  return gemm_decoded(A, M, N, K, decode_mxfp4_rows, &weight, NULL, NULL, 1, Y);
+}
+
+int qo_matmul_mxfp4_f16(const uint16_t* A, const uint8_t* B, const uint8_t* B_scale, uint16_t* Y, int64_t M,
+                        int64_t N, int64_t K) {
+  if (!shape_ok(A, B, Y, M, N, K) || !B_scale || K % QO_MXFP4_BLOCK != 0) return QO_ERR_ARGUMENT;
+  if (M == 0 || N == 0) return QO_OK;
+  float* a32 = f16_to_f32_buffer(A, M * K);
+  float* y32 = (float*)malloc(sizeof(float) * (size_t)(M * N));
+  int status = QO_ERR_ALLOC;
+  if (a32 && y32) {
+    status = qo_matmul_mxfp4_f32(a32, B, B_scale, y32, M, N, K);
+    if (status == QO_OK) f32_to_f16_buffer(y32, Y, M * N);
+  }
+  free(a32);
+  free(y32);
+  return status;
+}
+
+/* ---------------- FP8 W8A8 ---------------- */
+/* a_q[m][k] = e4m3fn value of sat(A[m][k] / scale_m), written as float (exact). */
+static void quantize_rows_e4m3fn(const float* A, int64_t M, int64_t K, const float* row_scale, float* a_q) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float scale = row_scale[m];
+    for (int64_t k = 0; k < K; ++k) a_q[m * K + k] = qo_e4m3fn_to_f32(qo_f32_to_e4m3fn_sat(A[m * K + k] / scale));
+  }
+}
+
+static void dynamic_row_scales(const float* A, int64_t M, int64_t K, float* row_scale) {
+  for (int64_t m = 0; m < M; ++m) {
+    float amax = 0.0f;
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = fabsf(A[m * K + k]);
+      if (!(v <= amax)) amax = v; /* NaN propagates, as numpy's max does */
+    }
+    const float scale = amax / QO_E4M3FN_MAX;
+    row_scale[m] = (scale < QO_DYNAMIC_SCALE_MIN) ? QO_DYNAMIC_SCALE_MIN : scale;
+  }
+}
+
+/* A_scale points to the static per-tensor scale; NULL selects the per-row dynamic scale. */
+static int fp8_w8a8_f32(const float* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
+                        const float* A_scale, float* Y, int64_t M, int64_t N, int64_t K) {
+  if (!shape_ok(A, B, Y, M, N, K) || !B_scale || !(b_scale_count == 1 || b_scale_count == N)) return QO_ERR_ARGUMENT;
+  if (M == 0 || N == 0) return QO_OK;
+  float* a_q = (float*)malloc(sizeof(float) * (size_t)(M * K));
+  float* row_scale = (float*)malloc(sizeof(float) * (size_t)M);
+  int status = QO_ERR_ALLOC;
+  if (a_q && row_scale) {
+    if (A_scale) {
+      for (int64_t m = 0; m < M; ++m) row_scale[m] = *A_scale;
+    } else {
+      dynamic_row_scales(A, M, K, row_scale);
+    }
+    quantize_rows_e4m3fn(A, M, K, row_scale, a_q);
+    status = gemm_decoded(a_q, M, N, K, decode_e4m3fn_rows, B, row_scale, B_scale, b_scale_count, Y);
+  }
+  free(a_q);
+  free(row_scale);
+  return status;
+}
+
+static int fp8_w8a8_f16(const uint16_t* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
+                        const float* A_scale, uint16_t* Y, int64_t M, int64_t N, int64_t K) {
+  if (!shape_ok(A, B, Y, M, N, K)) return QO_ERR_ARGUMENT;
+  if (M == 0 || N == 0) return QO_OK;
+  float* a32 = f16_to_f32_buffer(A, M * K);
+  float* y32 = (float*)malloc(sizeof(float) * (size_t)(M * N));
+  int status = QO_ERR_ALLOC;
+  if (a32 && y32) {
+    status = fp8_w8a8_f32(a32, B, B_scale, b_scale_count, A_scale, y32, M, N, K);
+    if (status == QO_OK) f32_to_f16_buffer(y32, Y, M * N);
+  }
+  free(a32);
+  free(y32);
+  return status;
+}
+
+int qo_matmul_fp8_w8a8_f32(const float* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
+                           float A_scale, float* Y, int64_t M, int64_t N, int64_t K) {
+  return fp8_w8a8_f32(A, B, B_scale, b_scale_count, &A_scale, Y, M, N, K);
+}
+
+int qo_matmul_fp8_w8a8_f16(const uint16_t* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
+                           float A_scale, uint16_t* Y, int64_t M, int64_t N, int64_t K) {
+  return fp8_w8a8_f16(A, B, B_scale, b_scale_count, &A_scale, Y, M, N, K);
+}
+
+int qo_matmul_fp8_w8a8_dyn_f32(const float* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
+                               float* Y, int64_t M, int64_t N, int64_t K) {
+  return fp8_w8a8_f32(A, B, B_scale, b_scale_count, NULL, Y, M, N, K);
+}
+
+int qo_matmul_fp8_w8a8_dyn_f16(const uint16_t* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
+                               uint16_t* Y, int64_t M, int64_t N, int64_t K) {
+  return fp8_w8a8_f16(A, B, B_scale, b_scale_count, NULL, Y, M, N, K);
+}

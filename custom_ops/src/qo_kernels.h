@@ -1,0 +1,71 @@
+/* Plain-C ABI of the com.quark_onnx kernels. Row-major; A [M, K], Y [M, N].
+ *   MXFP4: B uint8 [N, K/2] (element 2j in the low nibble of byte j), B_scale uint8 e8m0 [N, K/32]; K % 32 == 0.
+ *   FP8:   B float8 e4m3fn codes [N, K], B_scale float [1] or [N] (b_scale_count), A_scale float (static variant)
+ *          or a per-row scale max(max|row|/448, 1e-12) (dyn variant). a_q = sat_e4m3fn(A / scale).
+ * fp16 tensors are passed as uint16_t bit patterns. Accumulation is float32.
+ * Return 0 on success, QO_ERR_* otherwise. */
+#ifndef QO_KERNELS_H
+#define QO_KERNELS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define QO_API __declspec(dllexport)
+#else
+#define QO_API __attribute__((visibility("default")))
+#endif
+
+#define QO_ABI_VERSION 1
+#define QO_OK 0
+#define QO_ERR_ARGUMENT 1
+#define QO_ERR_ALLOC 2
+#define QO_ERR_DEVICE 3
+
+QO_API int qo_abi_version(void);
+
+/* ---- CPU (host pointers) ---- */
+QO_API int qo_matmul_mxfp4_f32(const float* A, const uint8_t* B, const uint8_t* B_scale, float* Y,
+                               int64_t M, int64_t N, int64_t K);
+QO_API int qo_matmul_mxfp4_f16(const uint16_t* A, const uint8_t* B, const uint8_t* B_scale, uint16_t* Y,
+                               int64_t M, int64_t N, int64_t K);
+QO_API int qo_matmul_fp8_w8a8_f32(const float* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
+                                  float A_scale, float* Y, int64_t M, int64_t N, int64_t K);
+QO_API int qo_matmul_fp8_w8a8_f16(const uint16_t* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
+                                  float A_scale, uint16_t* Y, int64_t M, int64_t N, int64_t K);
+QO_API int qo_matmul_fp8_w8a8_dyn_f32(const float* A, const uint8_t* B, const float* B_scale,
+                                      int64_t b_scale_count, float* Y, int64_t M, int64_t N, int64_t K);
+QO_API int qo_matmul_fp8_w8a8_dyn_f16(const uint16_t* A, const uint8_t* B, const float* B_scale,
+                                      int64_t b_scale_count, uint16_t* Y, int64_t M, int64_t N, int64_t K);
+
+/* ---- GPU (CUDA or HIP, whichever the library was built for; all pointers are device pointers, `stream` is a
+ * cudaStream_t / hipStream_t or NULL). A_scale is a device pointer to one float. The dyn variant needs a device
+ * workspace of M floats (row_scale_workspace) and writes the per-row scales there. Launch is asynchronous. ---- */
+QO_API const char* qo_gpu_backend(void);
+/* Stream-ordered device scratch memory (cudaMallocAsync; plain hipMalloc on HIP). NULL on failure. */
+QO_API void* qo_gpu_workspace_alloc(int64_t bytes, void* stream);
+QO_API void qo_gpu_workspace_free(void* p, void* stream);
+QO_API int qo_gpu_matmul_mxfp4_f32(const float* A, const uint8_t* B, const uint8_t* B_scale, float* Y,
+                                   int64_t M, int64_t N, int64_t K, void* stream);
+QO_API int qo_gpu_matmul_mxfp4_f16(const uint16_t* A, const uint8_t* B, const uint8_t* B_scale, uint16_t* Y,
+                                   int64_t M, int64_t N, int64_t K, void* stream);
+QO_API int qo_gpu_matmul_fp8_w8a8_f32(const float* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
+                                      const float* A_scale, float* Y, int64_t M, int64_t N, int64_t K, void* stream);
+QO_API int qo_gpu_matmul_fp8_w8a8_f16(const uint16_t* A, const uint8_t* B, const float* B_scale,
+                                      int64_t b_scale_count, const float* A_scale, uint16_t* Y,
+                                      int64_t M, int64_t N, int64_t K, void* stream);
+QO_API int qo_gpu_matmul_fp8_w8a8_dyn_f32(const float* A, const uint8_t* B, const float* B_scale,
+                                          int64_t b_scale_count, float* row_scale_workspace, float* Y,
+                                          int64_t M, int64_t N, int64_t K, void* stream);
+QO_API int qo_gpu_matmul_fp8_w8a8_dyn_f16(const uint16_t* A, const uint8_t* B, const float* B_scale,
+                                          int64_t b_scale_count, float* row_scale_workspace, uint16_t* Y,
+                                          int64_t M, int64_t N, int64_t K, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* QO_KERNELS_H */
