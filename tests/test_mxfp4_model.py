@@ -29,8 +29,10 @@ LOGIT_TOL = 1e-4   # fp32 ORT vs fp32 PyTorch: only summation order differs
 NEW_TOKENS = 16
 
 
-def build(export: Path, out: Path, ep: str = "cpu", precision: str = "fp32", **options) -> Path:
-    convert(export / "quark", out, ep, precision, BuildOptions(**options), log=lambda _msg: None)
+def build(export: Path, out: Path, ep: str = "cpu", precision: str = "fp32", fp4_linear: str | None = None,
+          **options) -> Path:
+    extra = {"fp4_linear": fp4_linear} if fp4_linear else {}
+    convert(export / "quark", out, ep, precision, BuildOptions(extra=extra, **options), log=lambda _msg: None)
     return out
 
 
@@ -63,7 +65,7 @@ def genai_greedy(model_dir: Path, input_ids: np.ndarray, new_tokens: int = NEW_T
 
 
 def matmul_nbits_weights(model_dir: Path) -> dict[str, np.ndarray]:
-    """Decode every 8-bit MatMulNBits back to float32 [N, K]: (u - 128) * scale, block-wise."""
+    """Every FP4 weight as float32 [N, K]: 8-bit MatMulNBits decoded as (u - 128) * scale, or the dense W.T."""
     model = onnx.load(str(model_dir / "model.onnx"))
     inits = {t.name: t for t in model.graph.initializer}
     out = {}
@@ -77,6 +79,10 @@ def matmul_nbits_weights(model_dir: Path) -> dict[str, np.ndarray]:
         s = numpy_helper.to_array(inits[node.input[2]], base_dir=str(model_dir)).astype(np.float32).reshape(n, -1, 1)
         layer = node.name.rsplit("/", 1)[0]
         out[layer] = ((b.astype(np.float32) - 128.0) * s).reshape(n, k)
+    for init in model.graph.initializer:   # fp4_linear=dense: W.T stored as is
+        if init.name.endswith(".weight_dequantized.T"):
+            module = init.name[: -len(".weight_dequantized.T")]
+            out[onnx_layer_name(module)] = numpy_helper.to_array(init, base_dir=str(model_dir)).T
     return out
 
 
@@ -121,7 +127,17 @@ def test_mxfp4_cpu_matches_quark(mxfp4_export, tmp_path):
     logits = prompt_logits(out, ref["input_ids"])
     assert np.abs(logits - ref["logits"]).max() < LOGIT_TOL
     assert genai_greedy(out, ref["input_ids"]) == ref["greedy"].tolist()
+    assert check_weights_bit_exact(mxfp4_export, out) == 14          # CPU default: dense fp32 weights
+
+
+def test_mxfp4_matmul_nbits8_lossless(mxfp4_export, tmp_path):
+    """8-bit MatMulNBits re-encoding: bit-exact weights; Quark-exact at accuracy_level 1, not at 4 (docs/fp4.md)."""
+    ref = np.load(mxfp4_export / "reference.npz")
+    out = build(mxfp4_export, tmp_path / "m", fp4_linear="matmul_nbits8", accuracy_level=1)
+    assert op_types(out).get("MatMulNBits") == 14
     assert check_weights_bit_exact(mxfp4_export, out) == 14
+    assert np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max() < LOGIT_TOL
+    assert genai_greedy(out, ref["input_ids"]) == ref["greedy"].tolist()
 
 
 def test_mxfp4_skip_activations_is_weight_only(mxfp4_export, tmp_path):

@@ -21,6 +21,9 @@ def test_nvfp4_cpu_matches_quark(nvfp4_export, tmp_path):
     assert np.abs(logits - ref["logits"]).max() < LOGIT_TOL
     assert genai_greedy(out, ref["input_ids"]) == ref["greedy"].tolist()
     assert check_weights_bit_exact(nvfp4_export, out) == 14
+    nbits = build(nvfp4_export, tmp_path / "n", fp4_linear="matmul_nbits8", accuracy_level=1)
+    assert check_weights_bit_exact(nvfp4_export, nbits) == 14
+    assert np.abs(prompt_logits(nbits, ref["input_ids"]) - ref["logits"]).max() < LOGIT_TOL
     assert op_types(out).get("QuantizeLinear") == 8, "one shared e4m3 scale fake-quant per distinct linear input"
 
 
@@ -57,7 +60,7 @@ def test_nvfp4_cuda_uses_contrib_op(nvfp4_export, tmp_path):
     assert (int(np.prod(ws2.dims)), ws2.data_type) == (1, onnx.TensorProto.FLOAT)  # kernel: Size() == 1
     assert onnx.helper.get_attribute_value(q.attribute[0]) == 16
     # fp32 io has no contrib kernel: falls back to the lossless 8-bit MatMulNBits
-    out32 = build(nvfp4_export, tmp_path / "m32", ep="cuda", precision="fp32")
+    out32 = build(nvfp4_export, tmp_path / "m32", ep="cuda", precision="fp32", accuracy_level=1)
     assert op_types(out32).get("MatMulNBits") == 14
 
 

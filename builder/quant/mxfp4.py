@@ -7,6 +7,8 @@ Per execution provider (EPConfig.fp4_linear, overridable with --extra_options fp
   matmul_nbits8  com.microsoft MatMulNBits bits=8 block 32: u = 2*e2m1 + 128, scale = 2^(s-127) / 2 (lossless)
   native         com.quark_onnx MatMulMxfp4(A, B, B_scale) custom op + its ONNX-function fallback (CUDA)
   dq_fp8         DequantizeLinear(e2m1 coded as float8e4m3fn [K, N], blocked scale [K/32, N]) -> MatMul (MIGraphX)
+  dense          MatMul on the dequantized weight in the io dtype (exact in fp32; CPU: as fast as float weights,
+                 8-bit MatMulNBits is exact only at accuracy_level 1, where it is ~17x slower, docs/fp4.md)
 Activations: Quark's MXFP4 dynamic fake-quant emulated in front of the matmul (ops/mx_activation.py) unless
 --extra_options mx_activations=skip.
 The weight-emitter helpers here are shared with nvfp4.py.
@@ -24,7 +26,7 @@ from ..ops.mx_activation import MX_SCALE_MODES, Fp4ActivationSpec, emit_fp4_acti
 from . import fp4_codes
 from .base import LinearPlan, Scheme
 
-FP4_LINEAR_METHODS = ("matmul_nbits8", "native", "dq_fp8")
+FP4_LINEAR_METHODS = ("matmul_nbits8", "native", "dq_fp8", "dense")
 MX_ACTIVATION_OPTIONS = ("emulate", "skip")
 MXFP4_GROUP = 32
 
@@ -112,6 +114,18 @@ def emit_weight_dq_fp8(ctx, plan: LinearPlan, x: str, w: Fp4Weight) -> str:
     return g.op("MatMul", [x, wt], f"{plan.node_prefix}/MatMul")
 
 
+def emit_weight_dense(ctx, plan: LinearPlan, x: str, w: Fp4Weight) -> str:
+    """MatMul on W.T [K, N] = e2m1 * block scale (float32 product, then the io dtype)."""
+    w_t = np.ascontiguousarray(fp4_codes.dequantize(w.codes, w.block_scale, w.group).T).astype(ctx.io_np)
+    wt = ctx.graph.initializer(f"{plan.name}.weight_dequantized.T", w_t)
+    return ctx.graph.op("MatMul", [x, wt], f"{plan.node_prefix}/MatMul")
+
+
+def emit_fp4_weight(ctx, plan: LinearPlan, x: str, w: Fp4Weight, method: str) -> str:
+    emitters = {"dq_fp8": emit_weight_dq_fp8, "dense": emit_weight_dense, "matmul_nbits8": emit_weight_matmul_nbits8}
+    return emitters[method](ctx, plan, x, w)
+
+
 def emit_matmul_mxfp4_custom(ctx, plan: LinearPlan, x: str) -> str | None:
     """com.quark_onnx MatMulMxfp4 with its function fallback; None when custom_ops is not available."""
     try:
@@ -170,7 +184,8 @@ class Mxfp4Linear(Scheme):
         act = " + MXFP4 dynamic activation emulation" if plan.spec.input_tensors else ""
         return {"matmul_nbits8": f"MatMulNBits bits=8 block_size=32 (lossless 2*e2m1+128){act}",
                 "native": f"com.quark_onnx MatMulMxfp4 (+ function fallback){act}",
-                "dq_fp8": f"DequantizeLinear(e2m1 as float8e4m3fn, block 32) -> MatMul{act}"}[ep.fp4_linear]
+                "dq_fp8": f"DequantizeLinear(e2m1 as float8e4m3fn, block 32) -> MatMul{act}",
+                "dense": f"MatMul (dequantized MXFP4 weight){act}"}[ep.fp4_linear]
 
     @classmethod
     def emit(cls, ctx, plan: LinearPlan, x: str) -> str:
@@ -187,7 +202,4 @@ class Mxfp4Linear(Scheme):
             if note not in ctx.notes:
                 ctx.notes.append(note)
             method = "matmul_nbits8"
-        w = cls.load(plan, ctx.ckpt)
-        if method == "dq_fp8":
-            return emit_weight_dq_fp8(ctx, plan, x, w)
-        return emit_weight_matmul_nbits8(ctx, plan, x, w)
+        return emit_fp4_weight(ctx, plan, x, cls.load(plan, ctx.ckpt), method)

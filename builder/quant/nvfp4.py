@@ -10,6 +10,7 @@ Per execution provider (EPConfig.fp4_linear, --extra_options fp4_linear=...):
   matmul_nbits8  MatMulNBits bits=8 block 16: u = 2*e2m1 + 128, scale = e4m3 * weight_scale_2 / 2
   native         com.microsoft MatMulBlockQuantizedFp4Weight (CUDA, fp16/bf16 io only; fp32 io -> matmul_nbits8)
   dq_fp8         DequantizeLinear(e2m1 coded as float8e4m3fn [K, N], blocked scale [K/16, N]) -> MatMul
+  dense          MatMul on the dequantized weight (see mxfp4.py)
 Activations: ops/mx_activation.py, with input_scale_2 as the static scale of the e4m3 activation block scales.
 """
 from __future__ import annotations
@@ -19,8 +20,8 @@ import numpy as np
 from ..ops.mx_activation import Fp4ActivationSpec, emit_fp4_activation_qdq
 from . import fp4_codes
 from .base import LinearPlan, Scheme
-from .mxfp4 import (Fp4Weight, check_real_quantized, emit_weight_dq_fp8, emit_weight_matmul_nbits8,
-                    emulate_activations, expect_tensor, fail, fp4_linear_method)
+from .mxfp4 import (Fp4Weight, check_real_quantized, emit_fp4_weight, emulate_activations, expect_tensor, fail,
+                    fp4_linear_method)
 
 NVFP4_GROUP = 16
 CONTRIB_IO = ("fp16", "bf16")
@@ -70,7 +71,8 @@ class Nvfp4Linear(Scheme):
         act = " + NVFP4 activation emulation (input_scale_2)" if plan.spec.input_tensors else ""
         return {"matmul_nbits8": f"MatMulNBits bits=8 block_size=16 (lossless 2*e2m1+128){act}",
                 "native": f"com.microsoft MatMulBlockQuantizedFp4Weight (fp16/bf16 io){act}",
-                "dq_fp8": f"DequantizeLinear(e2m1 as float8e4m3fn, block 16) -> MatMul{act}"}[ep.fp4_linear]
+                "dq_fp8": f"DequantizeLinear(e2m1 as float8e4m3fn, block 16) -> MatMul{act}",
+                "dense": f"MatMul (dequantized NVFP4 weight){act}"}[ep.fp4_linear]
 
     @classmethod
     def emit(cls, ctx, plan: LinearPlan, x: str) -> str:
@@ -86,10 +88,7 @@ class Nvfp4Linear(Scheme):
             if note not in ctx.notes:
                 ctx.notes.append(note)
             method = "matmul_nbits8"
-        w = cls.load(plan, ctx.ckpt)
-        if method == "dq_fp8":
-            return emit_weight_dq_fp8(ctx, plan, x, w)
-        return emit_weight_matmul_nbits8(ctx, plan, x, w)
+        return emit_fp4_weight(ctx, plan, x, cls.load(plan, ctx.ckpt), method)
 
     @staticmethod
     def _emit_contrib(ctx, plan: LinearPlan, x: str) -> str:
