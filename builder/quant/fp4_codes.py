@@ -43,7 +43,8 @@ def e2m1_values(codes: np.ndarray) -> np.ndarray:
 def e8m0_scales(e8m0: np.ndarray) -> np.ndarray:
     """uint8 e8m0 -> float32 2^(s-127) (2^-127 is a float32 subnormal, still exact); 255 -> NaN."""
     s = np.asarray(e8m0, dtype=np.uint8)
-    out = np.ldexp(np.float32(1.0), s.astype(np.int32) - E8M0_BIAS).astype(np.float32)
+    with np.errstate(over="ignore"):  # 255 -> 2^128 = inf, replaced by NaN below
+        out = np.ldexp(np.float32(1.0), s.astype(np.int32) - E8M0_BIAS).astype(np.float32)
     return np.where(s == E8M0_NAN, np.float32(np.nan), out).astype(np.float32)
 
 
