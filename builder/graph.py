@@ -56,7 +56,7 @@ class GraphBuilder:
         if name in self._names:
             raise ValueError(f"duplicate initializer {name}")
         self._names.add(name)
-        array = np.ascontiguousarray(array)
+        array = np.require(array, requirements="C")  # keeps 0-d scalars 0-d (ascontiguousarray would not)
         onnx_type = NP_TO_ONNX[array.dtype]
         raw = array.tobytes()
         tensor = TensorProto(name=name, data_type=onnx_type, dims=list(array.shape))

@@ -11,6 +11,7 @@ CONFIG = EPConfig(
                         "(libonnxruntime-genai-cuda.so, shipped by the onnxruntime-genai-cuda package)",
     gqa_kv_quant=frozenset({"fp8", "int8"}),
     fp8_linear="matmul_block_fp8",
+    fp4_linear="native",
     custom_ops_backend="cuda",
     constraints=CUDA_RULES,
 )

@@ -18,6 +18,7 @@ CONFIG = EPConfig(
     matmul_nbits_bits=frozenset({4}),      # parse_matmulnbits.cpp: bits must be 4
     matmul_nbits_bias_input=False,         # parse_matmulnbits.cpp ignores inputs 4 (g_idx) and 5 (bias)
     fp8_linear="qdq",
+    fp4_linear="dq_fp8",
     custom_ops_backend="hip",
     constraints=MIGRAPHX_RULES,
     model_constraints=MIGRAPHX_MODEL_RULES,

@@ -1,0 +1,157 @@
+"""Quark's dynamic FP4 activation fake-quantization (MXFP4 and NVFP4 input_tensors), as standard ONNX ops (opset 21).
+
+Reproduces Quark 0.13's float32 path exactly (checked element for element against the frozen model's quantizers):
+
+  MXFP4 (PerBlockMXObserver + even_round, quantization/utils.py):
+      amax  = max |x| over each block of 32 along K
+      E     = floor(log2 amax) + (mantissa(amax) >= 1.75)      ("even": round the block max up from 1.75 * 2^E)
+      scale = 2^clamp(E - 2, -127, 127)                        (2 = emax of e2m1; amax 0 behaves as 2^-126)
+  NVFP4 (two-level, SequentialQuantize [fp4 g16 dynamic, fp8_e4m3 per_tensor is_scale_quant]):
+      s     = amax / 6 (0 -> float32 eps);  scale = e4m3(clip(s / input_scale_2, +-448)) * input_scale_2
+      input_scale_2 = (calibration amax) / (6 * 448) is the static per-tensor scale *of the block scales*
+      (vLLM's "global scale" is its reciprocal). A block whose scale rounds to 0 in e4m3 comes out all zero.
+  then   y = e2m1_round_half_even(x / scale, saturating at +-6) * scale
+
+    x ─► Cast f32 ─► Reshape [-1, G] ─► |.| ─► ReduceMax ─► block scale (above)
+                          │                                    │
+                          └──────────► Div ─► e2m1 RNE ─► Mul ◄┘ ─► Reshape(Shape(x)) ─► Cast io ─► y
+
+e2m1 rounding without a float4 type: the grid step is 0.5 below 2, 1 below 4, 2 above; Round (half to even) of
+y / step times step, clipped to +-6, equals Quark's fake_quantize_to_low_precision_fp(ebits=2, mbits=1).
+The subgraph is emitted once per (input, scheme) and shared by the linears reading the same input (q/k/v, gate/up).
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+from onnx import TensorProto
+
+FLOAT32_EPS = float(np.finfo(np.float32).eps)
+E4M3_MAX = 448.0
+E2M1_MAX = 6.0
+MX_EMAX_E2M1 = 2
+MX_SCALE_MODES = ("even", "floor", "ceil")
+
+_CACHE: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Fp4ActivationSpec:
+    kind: str                          # "mxfp4" | "nvfp4"
+    group_size: int                    # 32 (MX) | 16 (NV)
+    scale_mode: str = "even"           # MXFP4 scale_calculation_mode
+    input_scale_2: float | None = None  # NVFP4 second-level (static) scale; None: block scales stay float32
+
+    def key(self) -> tuple:
+        s2 = None if self.input_scale_2 is None else np.float32(self.input_scale_2).tobytes()
+        return (self.kind, self.group_size, self.scale_mode, s2)
+
+
+_CONST_VALUES = {
+    "half": 0.5, "one": 1.0, "two": 2.0, "four": 4.0, "quarter": 0.25, "one_75": 1.75,
+    "e2m1_max": E2M1_MAX, "e2m1_min": -E2M1_MAX, "six": E2M1_MAX, "zero": 0.0, "eps": FLOAT32_EPS,
+    "min_normal": 2.0 ** -126, "min_scale": 2.0 ** -127, "inv_ln2": 1.0 / np.log(2.0),
+    "exp_lo": -126.0, "exp_hi": 127.0, "bias": 127.0,
+}
+
+
+class _Consts:
+    """Shared constant initializers, created on first use, once per graph."""
+
+    def __init__(self, g):
+        self.g, self.made = g, {}
+
+    def __getitem__(self, key: str) -> str:
+        if key not in self.made:
+            if key == "neg_axis":
+                value = np.array([-1], dtype=np.int64)
+            elif key == "pow2":  # 2^(i-127) for i in 0..254: exact powers of two (index 0: the subnormal 2^-127)
+                value = np.ldexp(np.float32(1), np.arange(255) - 127).astype(np.float32)
+            elif key == "fp8_zero":
+                value = np.zeros((), dtype=ml_dtypes.float8_e4m3fn)
+            else:
+                value = np.array(_CONST_VALUES[key], dtype=np.float32)
+            self.made[key] = self.g.initializer(f"fp4_act.{key}", value)
+        return self.made[key]
+
+
+def _consts(g) -> _Consts:
+    return _CACHE.setdefault(g, {"consts": _Consts(g), "qdq": {}})["consts"]
+
+
+def emit_fp4_activation_qdq(ctx, x: str, spec: Fp4ActivationSpec, prefix: str) -> str:
+    """x [..., K] in the io dtype -> Quark's fake-quantized x, same shape and dtype (cached per input)."""
+    g = ctx.graph
+    c = _consts(g)
+    cache = _CACHE[g]["qdq"]
+    key = (x, spec.key())
+    if key in cache:
+        return cache[key]
+    p = f"{prefix}/{'MxFp4' if spec.kind == 'mxfp4' else 'NvFp4'}Act"
+    x32 = x if ctx.io == "fp32" else g.op("Cast", [x], f"{p}/CastF32", to=TensorProto.FLOAT)
+    shape = g.op("Shape", [x], f"{p}/Shape")
+    blocks = g.op("Reshape", [x32, g.const_i64(f"{p}.block_shape", [-1, spec.group_size])], f"{p}/ToBlocks")
+    amax = g.op("ReduceMax", [g.op("Abs", [blocks], f"{p}/Abs"), c["neg_axis"]], f"{p}/BlockMax", keepdims=1)
+    if spec.kind == "mxfp4":
+        scale = _mx_block_scale(g, c, amax, spec.scale_mode, p)
+        divisor = scale
+    else:
+        scale, divisor = _nv_block_scale(g, c, amax, spec.input_scale_2, p)
+    scaled = g.op("Div", [blocks, divisor], f"{p}/DivScale")
+    q = _e2m1_round(g, c, scaled, p)
+    y = g.op("Mul", [q, scale], f"{p}/MulScale")
+    y = g.op("Reshape", [y, shape], f"{p}/FromBlocks")
+    if ctx.io != "fp32":
+        y = g.op("Cast", [y], f"{p}/CastIo", to=ctx.io_type)
+    cache[key] = y
+    return y
+
+
+def _mx_block_scale(g, c, amax: str, mode: str, p: str) -> str:
+    """e8m0 block scale 2^(E - 2), E from the block max per scale_calculation_mode, as exact float32."""
+    a = g.op("Max", [amax, c["min_normal"]], f"{p}/ClampMax")
+    log2 = g.op("Mul", [g.op("Log", [a], f"{p}/Log"), c["inv_ln2"]], f"{p}/Log2")
+    e_est = g.op("Clip", [g.op("Floor", [log2], f"{p}/Floor"), c["exp_lo"], c["exp_hi"]], f"{p}/ClipExp")
+    idx = g.op("Cast", [g.op("Add", [e_est, c["bias"]], f"{p}/AddBias")], f"{p}/ExpIndex", to=TensorProto.INT64)
+    pw = g.op("Gather", [c["pow2"], idx], f"{p}/Pow2")
+    # float log2 can be one off next to a power of two: fix so that pw <= a < 2 pw exactly
+    pw_lo = g.op("Mul", [pw, c["half"]], f"{p}/Pow2Half")
+    pw = g.op("Where", [g.op("Less", [a, pw], f"{p}/TooHigh"), pw_lo, pw], f"{p}/FixHigh")
+    pw_hi = g.op("Mul", [pw, c["two"]], f"{p}/Pow2Double")
+    pw = g.op("Where", [g.op("GreaterOrEqual", [a, pw_hi], f"{p}/TooLow"), pw_hi, pw], f"{p}/FixLow")
+    base = g.op("Mul", [pw, c["quarter"]], f"{p}/Pow2Div4")            # 2^(E0 - 2)
+    if mode == "floor":
+        scale = base
+    else:
+        if mode == "even":
+            up = g.op("GreaterOrEqual", [a, g.op("Mul", [pw, c["one_75"]], f"{p}/Pow2x1.75")], f"{p}/RoundUp")
+        else:  # ceil
+            up = g.op("Greater", [a, pw], f"{p}/RoundUp")
+        scale = g.op("Where", [up, g.op("Mul", [pw, c["half"]], f"{p}/Pow2Div2"), base], f"{p}/E8m0")
+    return g.op("Max", [scale, c["min_scale"]], f"{p}/ClampScale")
+
+
+def _nv_block_scale(g, c, amax: str, input_scale_2: float | None, p: str) -> tuple[str, str]:
+    """(scale to multiply back, divisor): amax/6 fake-quantized to e4m3 with the static input_scale_2."""
+    s = g.op("Div", [amax, c["six"]], f"{p}/Div6")
+    s = g.op("Where", [g.op("Equal", [s, c["zero"]], f"{p}/IsZero"), c["eps"], s], f"{p}/FillEps")
+    if input_scale_2 is None:
+        return s, s
+    s2 = g.initializer(f"{p}.input_scale_2", np.array(input_scale_2, dtype=np.float32))
+    sq = g.op("QuantizeLinear", [s, s2, c["fp8_zero"]], f"{p}/ScaleToE4m3", saturate=1)
+    sq = g.op("DequantizeLinear", [sq, s2], f"{p}/ScaleFromE4m3")
+    den = g.op("Where", [g.op("Equal", [sq, c["zero"]], f"{p}/ScaleIsZero"), c["eps"], sq], f"{p}/SafeDivisor")
+    return sq, den
+
+
+def _e2m1_round(g, c, y: str, p: str) -> str:
+    """Round half to even onto the e2m1 grid {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating at +-6."""
+    mag = g.op("Abs", [y], f"{p}/AbsScaled")
+    step = g.op("Where", [g.op("Less", [mag, c["four"]], f"{p}/Below4"), c["one"], c["two"]], f"{p}/Step24")
+    step = g.op("Where", [g.op("Less", [mag, c["two"]], f"{p}/Below2"), c["half"], step], f"{p}/Step")
+    q = g.op("Round", [g.op("Div", [y, step], f"{p}/DivStep")], f"{p}/RoundHalfEven")
+    q = g.op("Mul", [q, step], f"{p}/MulStep")
+    return g.op("Clip", [q, c["e2m1_min"], c["e2m1_max"]], f"{p}/Saturate")
