@@ -21,11 +21,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_measured(cmd: list[str], cwd: Path) -> dict:
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    output = proc.stdout.read().decode(errors="replace")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    with tempfile.TemporaryFile() as log:  # a file, not a pipe: a chatty child must never block on a full pipe
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        log.seek(0)
+        output = log.read().decode(errors="replace")
     rc = os.waitstatus_to_exitcode(status)
     return {"cmd": " ".join(cmd), "rc": rc, "wall_s": round(wall, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
             "tail": output.strip().splitlines()[-3:] if rc else []}

@@ -1,12 +1,12 @@
-"""Lazy, memory-mapped access to (sharded) safetensors checkpoints, without torch.
+"""Lazy access to (sharded) safetensors checkpoints, without torch.
 
-Only the header of each file is parsed up front. `get()` returns a read-only numpy view into a memory map, so a
-tensor costs memory only while a caller holds it; nothing is cached here.
+Only the header of each file is parsed up front. `get()` reads one tensor into a fresh array, so a tensor costs
+memory only while a caller holds it and nothing is cached: a 70B export converts tensor by tensor.
 """
 from __future__ import annotations
 
 import json
-import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +51,7 @@ class Checkpoint:
     def __init__(self, model_dir: str | Path):
         self.model_dir = Path(model_dir)
         self._entries: dict[str, TensorEntry] = {}
-        self._maps: dict[Path, mmap.mmap] = {}
+        self._fds: dict[Path, int] = {}
         for file in self._shard_files():
             self._read_header(file)
 
@@ -127,24 +127,27 @@ class Checkpoint:
         return self.entry(name).dtype
 
     def get(self, name: str) -> np.ndarray:
-        """Read-only view of a tensor; memory is paged in on access."""
+        """A fresh numpy array of one tensor, read with pread: memory is held only while the caller keeps it
+        (a memory map would leave every touched page resident and count towards the process's RSS)."""
         e = self.entry(name)
-        mm = self._maps.get(e.file)
-        if mm is None:
-            with open(e.file, "rb") as fh:
-                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-            self._maps[e.file] = mm
+        fd = self._fds.get(e.file)
+        if fd is None:
+            fd = self._fds[e.file] = os.open(e.file, os.O_RDONLY)
         dtype = SAFETENSORS_DTYPES[e.dtype]
-        count = (e.end - e.begin) // dtype.itemsize
-        return np.frombuffer(mm, dtype=dtype, count=count, offset=e.begin).reshape(e.shape)
+        out = np.empty(e.shape, dtype=dtype)
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        done, size = 0, e.end - e.begin
+        while done < size:
+            n = os.preadv(fd, [view[done:]], e.begin + done)
+            if n <= 0:
+                raise ConversionError("unexpected end of file while reading a tensor", file=e.file, layer=name)
+            done += n
+        return out
 
     def get_f32(self, name: str) -> np.ndarray:
         return np.asarray(self.get(name), dtype=np.float32)
 
     def close(self) -> None:
-        for mm in self._maps.values():
-            try:
-                mm.close()
-            except BufferError:
-                pass  # a caller still holds a view; the map is freed with it
-        self._maps.clear()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
