@@ -199,8 +199,11 @@ def combo_problem(spec: TinyModelSpec, recipe: QuantRecipe) -> str | None:
     spec = recipe.apply_to(spec)
     in_features = {spec.hidden, spec.intermediate, spec.heads * (spec.head_dim or spec.hidden // spec.heads)}
     bad = sorted((g, n) for g in recipe.group_sizes for n in in_features if n % g)
-    if bad:
+    if bad:  # Quark raises "... is not divisible by group_size=64"
         return f"group sizes do not divide in-features (group, in): {bad}"
+    schemes = {recipe.scheme} | {s for _, s in recipe.layer_config}
+    if any(s.startswith("mxfp4") for s in schemes) and spec.dtype != "float32":
+        return "amd-quark 0.13 on CPU: 'qdq_mxfp4 is only implemented in CUDA devices!' for bf16/fp16 models"
     return None
 
 

@@ -174,3 +174,4 @@ def test_committed_example_matches_its_reference():
             logits = model(input_ids=torch.from_numpy(ref["input_ids"]), use_cache=False).logits.numpy()
         np.testing.assert_allclose(logits, ref["dequant_logits"], atol=2e-2, rtol=0)  # bf16 model, see above
         assert np.abs(logits - ref["float_logits"]).max() > 0.05  # it is really quantized
+    assert combo_problem(SHAPES["llama_h64_bf16"], RECIPES["mxfp4"]) is not None
