@@ -30,8 +30,9 @@ from typing import Iterable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tiny_tokenizer, independent_decode
 
-FACTORY_VERSION = 1
-REFERENCE_KEYS = ("input_ids", "logits", "greedy", "float_logits", "dequant_logits")
+FACTORY_VERSION = 2
+REFERENCE_KEYS = ("input_ids", "logits", "greedy", "greedy_margins", "float_logits", "dequant_logits",
+                  "dequant_greedy", "dequant_greedy_margins")
 ARCH_CLASSES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
     "mistral": ("MistralConfig", "MistralForCausalLM"),
@@ -198,8 +199,11 @@ def combo_problem(spec: TinyModelSpec, recipe: QuantRecipe) -> str | None:
     spec = recipe.apply_to(spec)
     in_features = {spec.hidden, spec.intermediate, spec.heads * (spec.head_dim or spec.hidden // spec.heads)}
     bad = sorted((g, n) for g in recipe.group_sizes for n in in_features if n % g)
-    if bad:
+    if bad:  # Quark raises "... is not divisible by group_size=64"
         return f"group sizes do not divide in-features (group, in): {bad}"
+    schemes = {recipe.scheme} | {s for _, s in recipe.layer_config}
+    if any(s.startswith("mxfp4") for s in schemes) and spec.dtype != "float32":
+        return "amd-quark 0.13 on CPU: 'qdq_mxfp4 is only implemented in CUDA devices!' for bf16/fp16 models"
     return None
 
 
@@ -332,8 +336,9 @@ def _new_model(spec: TinyModelSpec, torch_dtype, tie: bool | None = None):
     cfg = spec.hf_config()
     if tie is not None:
         cfg.tie_word_embeddings = tie
+    # _from_config builds in cfg.dtype; .to() makes the fp32 reference really fp32
     model = getattr(transformers, spec.model_class_name)._from_config(cfg, attn_implementation="eager")
-    return model.to(torch_dtype).eval().requires_grad_(False) if torch_dtype != torch.float32 else model.eval().requires_grad_(False)
+    return model.to(torch_dtype).eval().requires_grad_(False)
 
 
 def _forward_logits(model, ids):
@@ -357,7 +362,7 @@ def _greedy(model, ids, new_tokens: int):
         nxt = int(torch.argmax(last))
         out.append(nxt)
         seq = torch.cat([seq, torch.tensor([[nxt]], dtype=seq.dtype)], dim=1)
-    return out, min(margins)
+    return out, margins
 
 
 def build_export(out: Path, spec: TinyModelSpec, recipe: QuantRecipe, prompt_len: int, new_tokens: int) -> dict:
@@ -398,17 +403,20 @@ def build_export(out: Path, spec: TinyModelSpec, recipe: QuantRecipe, prompt_len
         if getattr(mod, "_weight_quantizer", None) is not None:
             dequant[name] = mod.get_quant_weight(mod.weight).detach().float().numpy().copy()
     logits = _forward_logits(model, input_ids)
-    greedy, margin = _greedy(model, input_ids, new_tokens)
+    greedy, margins = _greedy(model, input_ids, new_tokens)
 
     # PyTorch fp32 model on Quark's dequantized weights (untied: a quantized lm_head is its own tensor)
     plain = _new_model(spec, torch.float32, tie=False)
     params = {n: p.detach().float() for n, p in model.named_parameters()}
+    # not model.weight: for two-stage schemes (nvfp4) freeze leaves the float weight there
+    params.update({f"{name}.weight": torch.from_numpy(w) for name, w in dequant.items()})
     if "lm_head.weight" not in params:
         params["lm_head.weight"] = params["model.embed_tokens.weight"]
     missing, unexpected = plain.load_state_dict(params, strict=False)
     if missing or unexpected:
         raise RuntimeError(f"plain reference model: missing={missing} unexpected={unexpected}")
     dequant_logits = _forward_logits(plain, input_ids)
+    dequant_greedy, dequant_margins = _greedy(plain, input_ids, new_tokens)
     weight_only = _is_weight_only(qconfig)
     wo_diff = float((dequant_logits - logits).abs().max())
     if weight_only and spec.dtype == "float32" and wo_diff > 1e-5:
@@ -424,8 +432,10 @@ def build_export(out: Path, spec: TinyModelSpec, recipe: QuantRecipe, prompt_len
     check_export(out / "quark", spec, recipe, set(dequant))
 
     np.savez(out / "reference.npz", input_ids=input_ids.numpy().astype(np.int64), logits=logits.numpy(),
-             greedy=np.asarray(greedy, dtype=np.int64), float_logits=float_logits.numpy(),
-             dequant_logits=dequant_logits.numpy())
+             greedy=np.asarray(greedy, dtype=np.int64), greedy_margins=np.asarray(margins, dtype=np.float32),
+             float_logits=float_logits.numpy(),
+             dequant_logits=dequant_logits.numpy(), dequant_greedy=np.asarray(dequant_greedy, dtype=np.int64),
+             dequant_greedy_margins=np.asarray(dequant_margins, dtype=np.float32))
     np.savez(out / "quark_dequant.npz", **dequant)
     return dict(
         seconds=dict(import_=round(t_import, 2), quantize=round(t_quant, 2), export=round(t_export, 2),
@@ -433,7 +443,7 @@ def build_export(out: Path, spec: TinyModelSpec, recipe: QuantRecipe, prompt_len
         quantized_modules=sorted(dequant),
         checks=dict(weight_only=weight_only, quark_vs_dequant_fp32_max_abs=wo_diff,
                     quant_vs_float_max_abs=float((logits - float_logits).abs().max()),
-                    greedy_min_top2_margin=round(margin, 6)),
+                    greedy_min_top2_margin=round(min(margins), 6)),
     )
 
 
@@ -513,8 +523,10 @@ def _main(argv: list[str] | None = None) -> int:
         items = [(TinyModelSpec(**it["spec"]), recipe_from_dict(it["recipe"])) for it in job["items"]]
         make_many(job["root"], items, job["prompt_len"], job["new_tokens"])
         return 0
-    shapes = args.shape or list(SHAPES) if args.cmd == "matrix" else args.shape or ["llama_h64"]
-    recipes = list(RECIPES) if args.cmd == "matrix" else args.recipe or ["uint4_g64"]
+    if args.cmd == "matrix":
+        shapes, recipes = list(SHAPES), list(RECIPES)
+    else:
+        shapes, recipes = args.shape or ["llama_h64"], args.recipe or ["uint4_g64"]
     for shape in shapes:
         for rname in recipes:
             spec, recipe = SHAPES[shape], RECIPES[rname]

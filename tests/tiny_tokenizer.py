@@ -71,16 +71,8 @@ def tokenizer_json(vocab_size: int) -> dict:
         "added_tokens": added,
         "normalizer": None,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-        "post_processor": {
-            "type": "TemplateProcessing",
-            "single": [{"SpecialToken": {"id": BOS, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [
-                {"SpecialToken": {"id": BOS, "type_id": 0}},
-                {"Sequence": {"id": "A", "type_id": 0}},
-                {"Sequence": {"id": "B", "type_id": 1}},
-            ],
-            "special_tokens": {BOS: {"id": BOS, "ids": [1], "tokens": [BOS]}},
-        },
+        # no BOS post-processor: og.Tokenizer ignores it, so both add nothing and agree
+        "post_processor": None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
         "model": {
             "type": "BPE",
@@ -103,7 +95,7 @@ def tokenizer_config_json(max_length: int = 256) -> dict:
         "bos_token": BOS,
         "eos_token": EOS,
         "unk_token": UNK,
-        "add_bos_token": True,
+        "add_bos_token": False,
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": max_length,
