@@ -1,0 +1,106 @@
+"""Running converted models in tests: build, prompt logits through ORT, greedy tokens through og.Generator,
+MatMulNBits weights decoded back to float, op counts. Shared by every end-to-end test module."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+from builder.convert import convert
+from builder.emit_context import BuildOptions
+
+NEW_TOKENS = 16
+
+
+def build(export: Path, out: Path, ep: str = "cpu", precision: str | None = "fp32", **options) -> Path:
+    """Convert `export/quark` (a factory export dir) or `export` itself (a Quark folder) into `out`."""
+    src = export / "quark" if (export / "quark").is_dir() else export
+    known = set(BuildOptions.__dataclass_fields__) - {"extra"}
+    extra = {k: v for k, v in options.items() if k not in known}
+    kwargs = {k: v for k, v in options.items() if k in known}
+    convert(src, out, ep, precision, BuildOptions(extra=extra, **kwargs), log=lambda _msg: None)
+    return out
+
+
+def prompt_logits(model_dir: Path, input_ids: np.ndarray) -> np.ndarray:
+    """Logits of the whole prompt in one run with an empty KV cache (CPU EP)."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(model_dir / "model.onnx"), so, providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids)}
+    for inp in sess.get_inputs():
+        if inp.name.startswith("past_key_values"):
+            dtype = np.float16 if "float16" in inp.type else np.float32
+            feeds[inp.name] = np.zeros((input_ids.shape[0], inp.shape[1], 0, inp.shape[3]), dtype=dtype)
+    return sess.run(["logits"], feeds)[0].astype(np.float32)
+
+
+def genai_greedy(model_dir: Path, input_ids: np.ndarray, new_tokens: int = NEW_TOKENS) -> list[int]:
+    """Greedy continuation through onnxruntime-genai (KV cache, one token per step)."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(model_dir))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=input_ids.shape[1] + new_tokens, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(input_ids)
+    out = []
+    while not gen.is_done() and len(out) < new_tokens:
+        gen.generate_next_token()
+        out.append(int(gen.get_next_tokens()[0]))
+    return out
+
+
+def decisive_prefix(margins: np.ndarray, tolerance: float) -> int:
+    """How many greedy steps have a top-1/top-2 logit margin above `tolerance` before the first near-tie.
+    Past a near-tie the reference's own choice is arbitrary at that numeric precision."""
+    small = np.flatnonzero(np.asarray(margins) <= tolerance)
+    return int(small[0]) if small.size else len(margins)
+
+
+def op_types(model_dir: Path) -> dict[str, int]:
+    model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+def onnx_layer_name(module: str) -> str:
+    """model.layers.0.self_attn.q_proj -> /model/layers.0/attn/q_proj (builder/arch/llama.py node prefixes)."""
+    if module == "lm_head":
+        return "/lm_head"
+    parts = module.split(".")
+    return f"/model/layers.{parts[2]}/{'attn' if parts[3] == 'self_attn' else 'mlp'}/{parts[4]}"
+
+
+def matmul_nbits_dequantized(model_dir: Path) -> dict[str, np.ndarray]:
+    """Decode every MatMulNBits back to float32 [N, K] from the ONNX tensors alone (ort_facts.md layout):
+    B uint8 [N, k_blocks, bs*bits/8] LSB first, scales [N*k_blocks], zero_points packed or default 2^(bits-1)."""
+    model = onnx.load(str(model_dir / "model.onnx"))
+    inits = {t.name: t for t in model.graph.initializer}
+    out = {}
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        n, k, bs, bits = attrs["N"], attrs["K"], attrs["block_size"], attrs["bits"]
+        blocks = -(-k // bs)
+        raw = numpy_helper.to_array(inits[node.input[1]], base_dir=str(model_dir)).reshape(n, blocks, -1)
+        if bits == 4:
+            vals = np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(n, blocks * bs)
+        else:
+            vals = raw.reshape(n, blocks * bs)
+        scales = numpy_helper.to_array(inits[node.input[2]], base_dir=str(model_dir)).astype(np.float32)
+        scales = scales.reshape(n, blocks)
+        if len(node.input) > 3 and node.input[3]:
+            zraw = numpy_helper.to_array(inits[node.input[3]], base_dir=str(model_dir)).reshape(n, -1)
+            zps = np.stack([zraw & 0xF, zraw >> 4], -1).reshape(n, -1)[:, :blocks] if bits == 4 else zraw
+        else:
+            zps = np.full((n, blocks), 1 << (bits - 1))
+        w = (vals.astype(np.float32) - np.repeat(zps, bs, 1)) * np.repeat(scales, bs, 1)
+        out[node.name.rsplit("/", 1)[0]] = w[:, :k]
+    return out
