@@ -122,15 +122,19 @@ def torch_sequence_logits(model, token_ids: np.ndarray) -> np.ndarray:
 
 def torch_greedy(model, prompt_ids: np.ndarray, new_tokens: int) -> list[int]:
     """Exactly new_tokens argmax tokens, with the model's own KV cache; EOS does not stop it."""
+    import inspect
+
     import torch
 
+    # transformers 5.x renamed past_key_values -> cache (the old name still works, with a warning).
+    cache_name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     produced = []
     with torch.no_grad():
         output = model(torch.from_numpy(prompt_ids.astype(np.int64)).reshape(1, -1), use_cache=True)
         for _ in range(new_tokens):
             next_token = int(output.logits[0, -1].argmax())
             produced.append(next_token)
-            output = model(torch.tensor([[next_token]]), past_key_values=output.past_key_values, use_cache=True)
+            output = model(torch.tensor([[next_token]]), use_cache=True, **{cache_name: getattr(output, cache_name)})
     return produced
 
 
