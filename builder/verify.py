@@ -94,8 +94,20 @@ def _loading_problems(loading_info: dict) -> list[str]:
     return problems
 
 
+def _quiet_libraries() -> None:
+    """transformers' load report / progress bars and Quark's INFO lines would bury the table."""
+    import os
+
+    os.environ.setdefault("QUARK_LOG_LEVEL", "warning")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def load_torch_model(model_dir: str):
     """(model, None) or (None, reason). A Quark export loads through transformers' quark quantizer."""
+    _quiet_libraries()
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -253,7 +265,7 @@ def run_verify(onnx_dir: str, reference: str, *, float_reference: str | None = N
     vocab_size = int(genai_config.get("vocab_size") or 256)
     tokenize = make_tokenizer(og_model, [onnx_dir, *references.values()])
     text_ids, prompt_ids = evaluation_inputs(tokenize, text, prompts, vocab_size,
-                                             min(max_tokens, context_length))
+                                             min(max_tokens, context_length - 1))
     prompt_ids = [p[: max(1, context_length - new_tokens)] for p in prompt_ids]
 
     onnx_logits = onnx_sequence_logits(og_model, text_ids)

@@ -152,12 +152,13 @@ def test_uint4_per_group_export(uint4_export):
         "uint4", "per_group", 64, False)
     assert quant["layer_quant_config"]["lm_head"]["weight"]["group_size"] == 32
     assert "lm_head" not in quant["exclude"]
-    # int4 packed 8 per int32 along the input axis; scales [out, in / group].
-    q_proj = "model.layers.0.self_attn.q_proj"
-    assert tensors[f"{q_proj}.weight"].get_dtype() == "I32" and tensors[f"{q_proj}.weight"].get_shape() == [64, 8]
-    assert tensors[f"{q_proj}.weight_scale"].get_shape() == [64, 1]
-    assert tensors[f"{q_proj}.weight_zero_point"].get_shape() == [64, 1]
-    assert tensors["lm_head.weight_scale"].get_shape() == [256, 2]
+    # Quark packs int4 8 per int32 along the output axis of the transposed weight: [in, out / 8];
+    # scales and zero points are [in / group, out] (zero points packed too).
+    up_proj = "model.layers.0.mlp.up_proj"
+    assert tensors[f"{up_proj}.weight"].get_dtype() == "I32" and tensors[f"{up_proj}.weight"].get_shape() == [64, 16]
+    assert tensors[f"{up_proj}.weight_scale"].get_shape() == [1, 128]
+    assert tensors[f"{up_proj}.weight_zero_point"].get_shape() == [1, 16]
+    assert tensors["lm_head.weight_scale"].get_shape() == [2, 256]
     assert (out / "tokenizer.json").is_file() and (out / "generation_config.json").is_file()
     info = json.loads((out / "quark_pipeline_info.json").read_text())
     assert info["template_scheme"] == "uint4_wo_64" and info["layer_config"] == {"lm_head": "uint4_wo_32"}
@@ -176,10 +177,7 @@ def test_uint4_export_matches_float_model_within_quantization_error(uint4_export
     ids = torch.tensor([[1, 40, 41, 42, 43, 44, 45]])
     with torch.no_grad():
         diff = (quantized(ids).logits - reference(ids).logits).abs().max().item()
-        weight_error = (quantized.model.layers[0].mlp.up_proj.weight.float()
-                        - reference.model.layers[0].mlp.up_proj.weight.float()).abs().max().item()
-    assert 0 < diff < 0.5
-    assert weight_error > 0  # really quantized, not a float copy
+    assert 1e-4 < diff < 0.5  # really quantized (not a float copy), but close
 
 
 @needs_quark
@@ -210,7 +208,7 @@ def test_fp8_activation_scheme_export(float_model, tmp_path):
 def test_end_to_end_uint4_cpu(float_model, tmp_path):
     out, onnx_dir, report = tmp_path / "quark", tmp_path / "onnx", tmp_path / "verify.json"
     completed = run_script("--model_dir", str(float_model), "--output_dir", str(out),
-                           "--quant_scheme", "w_uint4_per_group_asym", "--group_size", "32",
+                           "--quant_scheme", "w_uint4_per_group_asym", "--group_size", "32", "--exclude_layers",
                            "--num_calib_data", "2", "--seq_len", "64",
                            "--onnx_out", str(onnx_dir), "-e", "cpu", "--verify_json", str(report))
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
