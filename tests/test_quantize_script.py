@@ -219,3 +219,21 @@ def test_end_to_end_uint4_cpu(float_model, tmp_path):
     assert quark_reference["max_abs_logit_diff"] < 0.05 * max(1.0, quark_reference["reference_logit_range"])
     assert quark_reference["top1_agreement"] > 0.9
     assert figures["references"]["float"]["perplexity"] > 1
+
+
+# ------------------------------------------------------------------ offline dataset sources (pure Python)
+
+def test_calibration_sources_read_local_files_only(tmp_path):
+    from builder import calib_text
+
+    (tmp_path / "a.txt").write_text("plain text file")
+    (tmp_path / "b.jsonl").write_text('{"text": "first"}\n\n{"content": "second"}\n')
+    assert calib_text.load_texts(str(tmp_path / "a.txt")) == ["plain text file"]
+    assert calib_text.load_texts(str(tmp_path / "b.jsonl")) == ["first", "second"]
+    assert calib_text.load_texts(str(tmp_path)) == ["plain text file", "first", "second"]
+    assert calib_text.load_texts(None) == calib_text.load_texts("builtin") == [calib_text.BUILTIN_TEXT]
+    (tmp_path / "bad.jsonl").write_text('{"label": 1}\n')
+    with pytest.raises(calib_text.DatasetSourceError, match=r"bad.jsonl:1: record has no text field"):
+        calib_text.load_texts(str(tmp_path / "bad.jsonl"))
+    with pytest.raises(calib_text.DatasetSourceError, match="hub datasets cannot be fetched"):
+        calib_text.load_texts("wikitext")
