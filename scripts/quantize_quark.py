@@ -340,7 +340,8 @@ def export(model, output_dir: Path, model_dir: Path, info: dict) -> list[str]:
 
 
 def run_builder(quark_dir: Path, onnx_dir: Path, ep: str) -> None:
-    command = [sys.executable, "-m", "builder", "-i", str(quark_dir), "-o", str(onnx_dir), "-e", ep]
+    # Absolute paths: the builder runs from the repository root so that `-m builder` is this checkout's.
+    command = [sys.executable, "-m", "builder", "-i", str(quark_dir.resolve()), "-o", str(onnx_dir.resolve()), "-e", ep]
     print("  $ " + " ".join(command), flush=True)
     completed = subprocess.run(command, cwd=REPO_ROOT)
     if completed.returncode != 0:
