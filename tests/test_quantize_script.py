@@ -98,7 +98,6 @@ def load_export(folder: Path) -> tuple[dict, dict]:
     (["--quant_scheme", "w_uint4_per_group_asym", "--group_size", "128"], "does not divide config.json hidden_size=64"),
     (["--quant_scheme", "w_uint4_per_group_asym", "--group_size", "48"], "group size 48 not supported"),
     (["--quant_scheme", "w_fp8_a_fp8", "--quant_algo", "awq"], "--quant_algo awq does not apply"),
-    (["--quant_scheme", "fp8", "--kv_cache_dtype", "fp8", "--onnx_out", "x", "-e", "cpu"], "fp8 KV cache"),
     (["--quant_scheme", "w_int8_a_int8_per_tensor_sym", "--layer_group_size", "lm_head=32"], "has no group size"),
     (["--quant_scheme", "int8", "--quant_algo", "quarot"], "unknown --quant_algo 'quarot'"),
     (["--quant_scheme", "int8", "-e", "cpu"], "needs --onnx_out"),
