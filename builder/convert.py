@@ -96,7 +96,7 @@ def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precis
         _emit_with_progress(ctx, plan, log)
         t1 = time.perf_counter()
         graph.finish(tmp / "model.onnx", metadata={"quark_onnx.ep": plan.ep.name, "quark_onnx.io": plan.io})
-        lib = plan.options.custom_ops_library
+        lib = _bundle_custom_ops_library(plan.options.custom_ops_library, tmp)
         write_genai_config(build_genai_config(plan.hp, plan.ep, plan.source, decoder_extras=plan.decoder_extras,
                                               custom_ops_library=lib, search_extras=plan.search_extras), tmp)
         copy_tokenizer_files(plan.source, tmp)
@@ -122,7 +122,7 @@ def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precis
 
 def _emit_with_progress(ctx: EmitContext, plan: ModelPlan, log) -> None:
     t, total = time.perf_counter(), len(plan.linears)
-    step, done = max(1, total // 10), [0]
+    step, done = max(1, -(-total // 10)), [0]
 
     def progress(_linear_plan) -> None:
         done[0] += 1
@@ -131,6 +131,18 @@ def _emit_with_progress(ctx: EmitContext, plan: ModelPlan, log) -> None:
 
     ctx.progress = progress
     plan.family.build_graph(ctx, plan.hp, plan.linears, plan.attention)
+
+
+def _bundle_custom_ops_library(path: str | None, out_dir: Path) -> str | None:
+    """Copy a custom-op library into the model folder (onnxruntime-genai resolves the path inside it)."""
+    if not path:
+        return None
+    lib = Path(path)
+    if not lib.is_file():
+        raise ConversionError("custom-op library not found", file=lib, field="--extra_options custom_ops_library",
+                              value=path)
+    shutil.copyfile(lib, out_dir / lib.name)
+    return lib.name
 
 
 def _replace_dir(tmp: Path, output: Path) -> None:

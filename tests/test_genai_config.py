@@ -1,0 +1,50 @@
+"""genai_config.json contents and the files beside model.onnx."""
+import json
+
+import pytest
+
+from builder.convert import convert
+from builder.emit_context import BuildOptions
+from builder.errors import ConversionError
+from synthetic_export import write_synthetic_export
+
+
+def build(tmp_path, **options):
+    src = write_synthetic_export(tmp_path / "src")
+    (src / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 1, "eos_token_id": [2, 7], "temperature": 0.6, "top_p": 0.9, "do_sample": True}))
+    (src / "tokenizer.json").write_text("{}")
+    (src / "chat_template.jinja").write_text("{{ messages }}")
+    out = tmp_path / "out"
+    convert(src, out, "cpu", options=BuildOptions(**options), log=lambda _m: None)
+    return out, json.loads((out / "genai_config.json").read_text())
+
+
+def test_fields_from_config_and_generation_config(tmp_path):
+    out, cfg = build(tmp_path)
+    model, search = cfg["model"], cfg["search"]
+    assert model["type"] == "llama" and model["context_length"] == 128 and model["vocab_size"] == 256
+    assert model["eos_token_id"] == [2, 7] and model["bos_token_id"] == 1 and model["pad_token_id"] == 2
+    dec = model["decoder"]
+    assert (dec["num_attention_heads"], dec["num_key_value_heads"], dec["head_size"], dec["hidden_size"]) == (4, 2, 16, 64)
+    assert dec["inputs"]["past_key_names"] == "past_key_values.%d.key"
+    assert dec["outputs"]["present_value_names"] == "present.%d.value"
+    assert dec["session_options"]["provider_options"] == []
+    assert search["temperature"] == 0.6 and search["top_p"] == 0.9 and search["do_sample"] is True
+    assert search["max_length"] == 128
+    assert {p.name for p in out.iterdir()} == {"model.onnx", "model.onnx.data", "genai_config.json",
+                                               "tokenizer.json", "chat_template.jinja"}
+
+
+def test_custom_ops_library_is_copied_and_named(tmp_path):
+    lib = tmp_path / "libquark_onnx_ops.so"
+    lib.write_bytes(b"\x7fELF")
+    out, cfg = build(tmp_path, custom_ops_library=str(lib))
+    assert cfg["model"]["decoder"]["session_options"]["custom_ops_library"] == "libquark_onnx_ops.so"
+    assert (out / "libquark_onnx_ops.so").read_bytes() == b"\x7fELF"
+
+
+def test_missing_custom_ops_library_is_refused(tmp_path):
+    with pytest.raises(ConversionError, match="custom-op library not found"):
+        build(tmp_path, custom_ops_library=str(tmp_path / "nope.so"))
+    assert not (tmp_path / "out").exists()
