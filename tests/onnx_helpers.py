@@ -25,10 +25,12 @@ def build(export: Path, out: Path, ep: str = "cpu", precision: str | None = "fp3
     return out
 
 
-def prompt_logits(model_dir: Path, input_ids: np.ndarray) -> np.ndarray:
+def prompt_logits(model_dir: Path, input_ids: np.ndarray, session_config: dict | None = None) -> np.ndarray:
     """Logits of the whole prompt in one run with an empty KV cache (CPU EP)."""
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    for key, value in (session_config or {}).items():
+        so.add_session_config_entry(key, value)
     sess = ort.InferenceSession(str(model_dir / "model.onnx"), so, providers=["CPUExecutionProvider"])
     feeds = {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids)}
     for inp in sess.get_inputs():

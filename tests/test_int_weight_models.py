@@ -118,3 +118,16 @@ def test_tied_embeddings_keep_quantized_lm_head(exports, tmp_path):
     out = build(exports[("llama_h64", "tied_lmhead")], tmp_path / "onnx")
     decoded = matmul_nbits_dequantized(out)
     assert "/lm_head" in decoded  # the separately quantized lm_head.weight, not the float embedding
+
+
+@pytest.mark.parametrize("recipe", ["int8_wo_g64", "uint8_wo_per_channel"])
+def test_8bit_weights_on_migraphx_use_dequantize_linear(exports, tmp_path, recipe):
+    """MIGraphX parses only 4-bit MatMulNBits: 8-bit weight-only layers become DequantizeLinear -> MatMul.
+    Run here on ORT CPU, whose DQ->MatMul fusion must be held at accuracy_level 1 to stay fp32-exact."""
+    export = exports[("llama_h64", recipe)]
+    out = build(export, tmp_path / "onnx", "migraphx", "fp32")
+    ops = op_types(out)
+    assert ops.get("MatMulNBits", 0) == 0 and ops["DequantizeLinear"] == 14
+    ref = np.load(export / "reference.npz")
+    got = prompt_logits(out, ref["input_ids"], {"session.qdq_matmulnbits_accuracy_level": "1"})
+    assert float(np.abs(got - ref["logits"]).max()) <= LOGIT_TOL

@@ -16,6 +16,7 @@ CONFIG = EPConfig(
     genai_provider_note="'MIGraphX' is ONNX Runtime's EP name; onnxruntime-genai 0.18 appends it through ORT's "
                         "generic AppendExecutionProvider (needs an onnxruntime build with the MIGraphX EP)",
     matmul_nbits_bits=frozenset({4}),      # parse_matmulnbits.cpp: bits must be 4
+    int_weight_dequantize_fallback=True,   # 8-bit weight-only: DequantizeLinear(int8) -> MatMul instead
     matmul_nbits_bias_input=False,         # parse_matmulnbits.cpp ignores inputs 4 (g_idx) and 5 (bias)
     fp8_linear="qdq",
     fp4_linear="dq_fp8",

@@ -80,7 +80,7 @@ class IntWeightOnly(Scheme):
             _fail(ckpt, plan.name, f"group size does not divide in_features={k}", "weight.group_size", g)
         block_size_for(g, k, plan.name)
         bits = BITS[w.dtype]
-        if bits not in ep.matmul_nbits_bits:
+        if bits not in ep.matmul_nbits_bits and not ep.int_weight_dequantize_fallback:
             _fail(ckpt, plan.name, f"execution provider {ep.name} runs MatMulNBits only with "
                   f"{sorted(ep.matmul_nbits_bits)} bits", "weight.dtype", w.dtype)
         base = plan.name
@@ -152,6 +152,10 @@ class IntWeightOnly(Scheme):
     def describe(cls, plan: LinearPlan, ep) -> str:
         w = plan.spec.weight[0]
         g = cls._group_size(plan)
+        if BITS[w.dtype] not in ep.matmul_nbits_bits:
+            return (f"DequantizeLinear({w.dtype} [K,N], "
+                    f"{'per-axis' if w.qscheme == 'per_channel' else f'block_size={g}'}) -> MatMul "
+                    f"({ep.name} has no {BITS[w.dtype]}-bit MatMulNBits)")
         bs = block_size_for(g, plan.in_features, plan.name)
         return (f"MatMulNBits bits={BITS[w.dtype]} block_size={bs}"
                 f"{' (per-channel scale replicated)' if w.qscheme == 'per_channel' else ''}"
@@ -160,6 +164,8 @@ class IntWeightOnly(Scheme):
     @classmethod
     def emit(cls, ctx, plan: LinearPlan, x: str) -> str:
         iw = cls.load(plan, ctx.ckpt, ctx.quant.export.pack_method)
+        if iw.bits not in ctx.ep.matmul_nbits_bits:
+            return _emit_dequantize_matmul(ctx, plan, x, iw)
         u, zpu = iw.to_unsigned()
         acc = ctx.options.accuracy_level
         if acc is None:
@@ -167,6 +173,24 @@ class IntWeightOnly(Scheme):
         return emit_matmul_nbits(ctx, plan.name, f"{plan.node_prefix}/MatMulNBits", x, u, iw.scale,
                                  zpu if (iw.signed is False or np.any(iw.zp != 0)) else None,
                                  iw.bits, iw.group_size, acc)
+
+
+def _emit_dequantize_matmul(ctx, plan: LinearPlan, x: str, iw: IntWeight) -> str:
+    """x @ DequantizeLinear(W.T): for EPs without a MatMulNBits of this width (MIGraphX parses 4-bit only).
+    The integer weight is stored as int8/uint8 [K, N]; per-channel scales are per-axis (axis 1), group scales are
+    blocked along K (axis 0, block_size g)."""
+    g = ctx.graph
+    dtype = np.int8 if iw.signed else np.uint8
+    per_channel = iw.scale.shape[1] == 1
+    w = g.initializer(f"{plan.name}.weight_q.T", np.ascontiguousarray(iw.q.T).astype(dtype))
+    scale = iw.scale[:, 0] if per_channel else iw.scale.T
+    zp = iw.zp[:, 0] if per_channel else iw.zp.T
+    inputs = [w, g.initializer(f"{plan.name}.weight_scale.T", np.ascontiguousarray(scale).astype(ctx.io_np))]
+    if np.any(zp != 0):
+        inputs.append(g.initializer(f"{plan.name}.weight_zero_point.T", np.ascontiguousarray(zp).astype(dtype)))
+    attrs = {"axis": 1} if per_channel else {"axis": 0, "block_size": iw.group_size}
+    wf = g.op("DequantizeLinear", inputs, f"{plan.node_prefix}/weight/DequantizeLinear", **attrs)
+    return g.op("MatMul", [x, wf], f"{plan.node_prefix}/MatMul")
 
 
 def _is_fake(ckpt, base: str) -> bool:
