@@ -39,6 +39,10 @@ def parse_extra_options(pairs: list[str]):
             options.accuracy_level = int(value)
         elif key in ("fp8_attention", "kv_cache", "mx_activations", "custom_ops_library"):
             setattr(options, key, value)
+        elif key == "fuse_projections":
+            if value not in ("0", "1", "true", "false"):
+                raise ConversionError("expected 0 or 1", field="--extra_options fuse_projections", value=value)
+            options.fuse_projections = value in ("1", "true")
         else:
             options.extra[key] = value
     return options

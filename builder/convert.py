@@ -1,6 +1,7 @@
 """The pipeline: read -> plan -> emit -> save -> genai_config. Output appears only when everything succeeded."""
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -90,6 +91,9 @@ def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precis
         f"({plan.io}) in {time.perf_counter() - t0:.1f}s")
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700; the output folder should get the usual permissions
     graph = GraphBuilder(tmp / "model.onnx.data")
     try:
         ctx = EmitContext(graph, ckpt, plan.ep, plan.io, plan.options, plan.quant, notes=plan.notes)

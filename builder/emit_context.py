@@ -20,6 +20,7 @@ class BuildOptions:
     kv_cache: str = "auto"               # auto | emulate | native | off
     mx_activations: str = "emulate"      # emulate | skip (MXFP4/NVFP4 dynamic activation quantization)
     custom_ops_library: str | None = None
+    fuse_projections: bool = True        # q/k/v and gate/up share one matmul where their schemes agree
     extra: dict = field(default_factory=dict)
 
 

@@ -105,4 +105,20 @@ def matmul_nbits_dequantized(model_dir: Path) -> dict[str, np.ndarray]:
             zps = np.full((n, blocks), 1 << (bits - 1))
         w = (vals.astype(np.float32) - np.repeat(zps, bs, 1)) * np.repeat(scales, bs, 1)
         out[node.name.rsplit("/", 1)[0]] = w[:, :k]
-    return out
+    return _unfuse(model, inits, model_dir, out)
+
+
+FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def _unfuse(model, inits, model_dir: Path, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Fused projections (`.../qkv_proj`, `.../gate_up_proj`) back to one entry per projection, using the sizes
+    of the Split node that follows them."""
+    splits = {n.name.rsplit("/", 1)[0]: n for n in model.graph.node if n.op_type == "Split"}
+    for prefix in [p for p in weights if p.rsplit("/", 1)[-1] in FUSED_PARTS]:
+        sizes = numpy_helper.to_array(inits[splits[prefix].input[1]], base_dir=str(model_dir))
+        parent, fused = prefix.rsplit("/", 1)
+        rows = np.split(weights.pop(prefix), np.cumsum(sizes)[:-1])
+        for part, w in zip(FUSED_PARTS[fused], rows):
+            weights[f"{parent}/{part}"] = w
+    return weights

@@ -104,14 +104,24 @@ def test_overrides_reach_the_graph(exports, tmp_path):
              for n in onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
              if n.op_type == "MatMulNBits"}
     assert block["/model/layers.0/mlp/down_proj/MatMulNBits"] == 32
-    assert block["/model/layers.0/mlp/up_proj/MatMulNBits"] == 64
+    assert block["/model/layers.0/mlp/gate_up_proj/MatMulNBits"] == 64  # gate and up agree: fused
 
 
 def test_excluded_layers_stay_float(exports, tmp_path):
     out = build(exports[("llama_h64", "excluded_layers")], tmp_path / "onnx")
     ops = op_types(out)
-    # 2 layers x 7 linears + lm_head = 15; down_proj of layer 0 and lm_head are excluded -> 13 MatMulNBits
-    assert ops["MatMulNBits"] == 13 and ops["MatMul"] == 2
+    # per layer: qkv (fused), o, gate_up (fused), down = 4 MatMulNBits; layer 0's down_proj and lm_head are
+    # excluded -> 7 MatMulNBits and 2 float MatMuls
+    assert ops["MatMulNBits"] == 7 and ops["MatMul"] == 2
+
+
+def test_unfused_projections_give_the_same_logits(exports, tmp_path):
+    export = exports[("llama_bias", "uint4_g32")]
+    ids = np.load(export / "reference.npz")["input_ids"]
+    fused = build(export, tmp_path / "fused", accuracy_level=1)
+    unfused = build(export, tmp_path / "unfused", accuracy_level=1, fuse_projections=False)
+    assert op_types(fused)["MatMulNBits"] == 4 * 2 and op_types(unfused)["MatMulNBits"] == 7 * 2
+    np.testing.assert_allclose(prompt_logits(fused, ids), prompt_logits(unfused, ids), atol=1e-5, rtol=0)
 
 
 def test_tied_embeddings_keep_quantized_lm_head(exports, tmp_path):

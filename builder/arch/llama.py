@@ -8,7 +8,7 @@ Residual adds are fused into SkipSimplifiedLayerNormalization.
 from __future__ import annotations
 
 from ..ops.attention import AttentionInputs, attention_mask_inputs, group_query_attention
-from ..ops.linear import emit_linear
+from ..ops.linear import emit_linear, emit_linears
 from ..ops.mlp import silu_mlp
 from ..ops.norm import rms_norm, skip_rms_norm
 from ..ops.rotary import cos_sin_caches
@@ -55,9 +55,8 @@ def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
                  "/model/layers.0/input_layernorm/SimplifiedLayerNorm")
     for i in range(hp.num_layers):
         pre = f"model.layers.{i}"
-        q = emit_linear(ctx, plans[f"{pre}.self_attn.q_proj"], x)
-        k = emit_linear(ctx, plans[f"{pre}.self_attn.k_proj"], x)
-        v = emit_linear(ctx, plans[f"{pre}.self_attn.v_proj"], x)
+        q, k, v = emit_linears(ctx, [plans[f"{pre}.self_attn.{p}"] for p in ("q_proj", "k_proj", "v_proj")], x,
+                               f"{pre}.self_attn.qkv_proj", f"/model/layers.{i}/attn/qkv_proj")
         past_k = g.input(f"past_key_values.{i}.key", io, kv_shape)
         past_v = g.input(f"past_key_values.{i}.value", io, kv_shape)
         present_k = g.output(f"present.{i}.key", io, present_shape)

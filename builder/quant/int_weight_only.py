@@ -162,17 +162,37 @@ class IntWeightOnly(Scheme):
                 f"{' (signed, shifted by 2^(bits-1))' if SIGNED[w.dtype] else ''}")
 
     @classmethod
-    def emit(cls, ctx, plan: LinearPlan, x: str) -> str:
-        iw = cls.load(plan, ctx.ckpt, ctx.quant.export.pack_method)
-        if iw.bits not in ctx.ep.matmul_nbits_bits:
-            return _emit_dequantize_matmul(ctx, plan, x, iw)
+    def fuse_key(cls, plan: LinearPlan, ep):
+        """Plans with equal keys can share one MatMulNBits (concatenated along N)."""
+        w = plan.spec.weight[0]
+        if BITS[w.dtype] not in ep.matmul_nbits_bits:
+            return None
+        return (cls.name, w.dtype, cls._group_size(plan), plan.in_features)
+
+    @classmethod
+    def emit_fused(cls, ctx, plans: list[LinearPlan], x: str, fused_name: str, fused_prefix: str) -> str:
+        parts = [cls.load(p, ctx.ckpt, ctx.quant.export.pack_method) for p in plans]
+        first = parts[0]
+        fused = IntWeight(np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts]),
+                          np.concatenate([p.zp for p in parts]), first.bits, first.signed, first.group_size)
+        return cls._emit_matmul_nbits(ctx, fused, fused_name, f"{fused_prefix}/MatMulNBits", x)
+
+    @classmethod
+    def _emit_matmul_nbits(cls, ctx, iw: IntWeight, name: str, node_name: str, x: str) -> str:
         u, zpu = iw.to_unsigned()
         acc = ctx.options.accuracy_level
         if acc is None:
             acc = ctx.ep.default_accuracy_level(iw.bits)
-        return emit_matmul_nbits(ctx, plan.name, f"{plan.node_prefix}/MatMulNBits", x, u, iw.scale,
+        return emit_matmul_nbits(ctx, name, node_name, x, u, iw.scale,
                                  zpu if (iw.signed is False or np.any(iw.zp != 0)) else None,
                                  iw.bits, iw.group_size, acc)
+
+    @classmethod
+    def emit(cls, ctx, plan: LinearPlan, x: str) -> str:
+        iw = cls.load(plan, ctx.ckpt, ctx.quant.export.pack_method)
+        if iw.bits not in ctx.ep.matmul_nbits_bits:
+            return _emit_dequantize_matmul(ctx, plan, x, iw)
+        return cls._emit_matmul_nbits(ctx, iw, plan.name, f"{plan.node_prefix}/MatMulNBits", x)
 
 
 def _emit_dequantize_matmul(ctx, plan: LinearPlan, x: str, iw: IntWeight) -> str:
