@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,24 +16,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
-
-
-def decode_tps(model_dir: Path, prompt: np.ndarray, tokens: int, repeats: int) -> float:
-    import onnxruntime_genai as og
-    model = og.Model(str(model_dir))
-    best = 0.0
-    for _ in range(repeats):
-        params = og.GeneratorParams(model)
-        params.set_search_options(do_sample=False, max_length=prompt.shape[1] + tokens, min_length=0)
-        gen = og.Generator(model, params)
-        gen.append_tokens(prompt)
-        gen.generate_next_token()  # first token (prompt processing) excluded
-        t, n = time.perf_counter(), 0
-        while not gen.is_done():
-            gen.generate_next_token()
-            n += 1
-        best = max(best, n / (time.perf_counter() - t))
-    return best
+sys.path.insert(0, str(REPO / "benchmarks"))
+from decode_speed import decode_tps  # noqa: E402
 
 
 def main() -> int:

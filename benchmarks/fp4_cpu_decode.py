@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
-import onnxruntime_genai as og
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from builder.convert import convert  # noqa: E402
+from decode_speed import decode_tps  # noqa: E402
 from builder.emit_context import BuildOptions  # noqa: E402
 
 NBITS8 = {"fp4_linear": "matmul_nbits8"}
@@ -36,20 +35,7 @@ VARIANTS = {
 
 
 def decode_tokens_per_s(model_dir: Path, tokens: int, repeats: int) -> float:
-    model = og.Model(str(model_dir))
-    prompt = np.arange(3, 19, dtype=np.int32)[None]
-    best = 0.0
-    for _ in range(repeats):
-        params = og.GeneratorParams(model)
-        params.set_search_options(max_length=prompt.shape[1] + tokens + 1, do_sample=False)
-        gen = og.Generator(model, params)
-        gen.append_tokens(prompt)
-        gen.generate_next_token()  # first token (prefill) is not timed
-        t0 = time.perf_counter()
-        for _ in range(tokens):
-            gen.generate_next_token()
-        best = max(best, tokens / (time.perf_counter() - t0))
-    return best
+    return decode_tps(model_dir, np.arange(3, 19, dtype=np.int32)[None], tokens, repeats)
 
 
 def main() -> None:
