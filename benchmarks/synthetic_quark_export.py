@@ -24,6 +24,7 @@ PRESETS = {  # hidden, intermediate, layers, heads, kv_heads, vocab
     "tiny": (256, 688, 4, 8, 2, 4096),
     "1b": (2048, 5632, 22, 32, 4, 32000),      # TinyLlama-1.1B shape
     "8b": (4096, 14336, 32, 32, 8, 128256),    # Llama-3.1-8B shape
+    "70b-4layers": (8192, 28672, 4, 64, 8, 128256),  # Llama-3.1-70B tensor shapes, 4 of its 80 layers
 }
 
 

@@ -45,7 +45,17 @@ class EmitContext:
 
     def float_weight(self, name: str) -> np.ndarray:
         """A float checkpoint tensor converted to the io dtype."""
-        return np.asarray(self.ckpt.get(name), dtype=np.float32).astype(self.io_np)
+        raw = self.ckpt.get(name)
+        if raw.dtype == self.io_np:
+            return raw
+        return np.asarray(raw, dtype=np.float32).astype(self.io_np, copy=False)
+
+    def float_initializer(self, init_name: str, tensor: str, transpose: bool = False) -> str:
+        """A float checkpoint tensor as an initializer in the io dtype, converted chunk by chunk."""
+        raw = self.ckpt.get(tensor)
+        if transpose:
+            return self.graph.initializer_transposed(init_name, raw, cast_to=self.io_np)
+        return self.graph.initializer(init_name, raw, cast_to=self.io_np)
 
     @property
     def source(self) -> Path:

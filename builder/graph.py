@@ -51,29 +51,50 @@ class GraphBuilder:
         self.outputs.append(helper.make_tensor_value_info(name, elem_type, shape))
         return name
 
-    def initializer(self, name: str, array: np.ndarray) -> str:
-        """Add a constant tensor; large ones go straight to the external data file."""
+    def initializer(self, name: str, array: np.ndarray, cast_to: np.dtype | None = None) -> str:
+        """Add a constant tensor; large ones go straight to the external data file. `cast_to` converts it
+        (through float32) chunk by chunk, so a big bf16 tensor never exists in a second, wider copy."""
+        array = np.require(array, requirements="C")  # keeps 0-d scalars 0-d (ascontiguousarray would not)
+        dtype = np.dtype(cast_to) if cast_to is not None else array.dtype
+        if dtype != array.dtype and array.ndim >= 1:
+            rows = max(1, (1 << 24) // max(1, array[0].size))
+            chunks = (array[i:i + rows].astype(np.float32).astype(dtype) for i in range(0, array.shape[0], rows))
+            return self._add(name, dtype, array.shape, chunks)
+        return self._add(name, dtype, array.shape, [array.astype(dtype, copy=False)])
+
+    def initializer_transposed(self, name: str, matrix: np.ndarray, cast_to: np.dtype | None = None,
+                               rows_per_chunk: int = 1024) -> str:
+        """Add matrix.T (optionally cast) without materialising the transposed copy: written in row chunks."""
+        dtype = np.dtype(cast_to) if cast_to is not None else matrix.dtype
+        n_out, n_in = matrix.shape
+        chunks = (np.ascontiguousarray(matrix[:, i:i + rows_per_chunk].T).astype(np.float32).astype(dtype)
+                  for i in range(0, n_in, rows_per_chunk))
+        return self._add(name, dtype, (n_in, n_out), chunks)
+
+    def _add(self, name: str, dtype: np.dtype, shape: tuple, chunks) -> str:
         if name in self._names:
             raise ValueError(f"duplicate initializer {name}")
         self._names.add(name)
-        array = np.require(array, requirements="C")  # keeps 0-d scalars 0-d (ascontiguousarray would not)
-        onnx_type = NP_TO_ONNX[array.dtype]
-        raw = array.tobytes()
-        tensor = TensorProto(name=name, data_type=onnx_type, dims=list(array.shape))
-        if len(raw) <= INLINE_LIMIT:
-            tensor.raw_data = raw
-        else:
-            pad = (-self._offset) % ALIGN
-            if pad:
-                self._data.write(b"\0" * pad)
-                self._offset += pad
+        tensor = TensorProto(name=name, data_type=NP_TO_ONNX[np.dtype(dtype)], dims=list(shape))
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if nbytes <= INLINE_LIMIT:
+            tensor.raw_data = b"".join(np.ascontiguousarray(c).tobytes() for c in chunks)
+            self.initializers.append(tensor)
+            return name
+        pad = (-self._offset) % ALIGN
+        self._data.write(b"\0" * pad)
+        self._offset += pad
+        start = self._offset
+        for chunk in chunks:
+            raw = np.ascontiguousarray(chunk).tobytes()
             self._data.write(raw)
-            tensor.data_location = TensorProto.EXTERNAL
-            for key, value in (("location", self.data_path.name), ("offset", str(self._offset)),
-                               ("length", str(len(raw)))):
-                entry = tensor.external_data.add()
-                entry.key, entry.value = key, value
             self._offset += len(raw)
+        if self._offset - start != nbytes:
+            raise ValueError(f"{name}: wrote {self._offset - start} bytes, expected {nbytes}")
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.data_path.name), ("offset", str(start)), ("length", str(nbytes))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
         self.initializers.append(tensor)
         return name
 

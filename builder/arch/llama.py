@@ -49,7 +49,7 @@ def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
     shared = AttentionInputs(seqlens, total_len, g.initializer("cos_cache", cos.astype(ctx.io_np)),
                              g.initializer("sin_cache", sin.astype(ctx.io_np)))
 
-    embed = g.initializer("model.embed_tokens.weight", ctx.float_weight("model.embed_tokens.weight"))
+    embed = ctx.float_initializer("model.embed_tokens.weight", "model.embed_tokens.weight")
     residual = g.op("Gather", [embed, input_ids], "/model/embed_tokens/Gather")
     x = rms_norm(ctx, residual, "model.layers.0.input_layernorm.weight", hp.rms_norm_eps,
                  "/model/layers.0/input_layernorm/SimplifiedLayerNorm")

@@ -1,8 +1,6 @@
 """Unquantized (excluded or float-checkpoint) linears: a plain MatMul on W.T in the io dtype."""
 from __future__ import annotations
 
-import numpy as np
-
 from ..errors import ConversionError
 from .base import LinearPlan, Scheme
 
@@ -32,6 +30,6 @@ class FloatLinear(Scheme):
 
     @classmethod
     def emit(cls, ctx, plan: LinearPlan, x: str) -> str:
-        w = ctx.float_weight(plan.weight_name or f"{plan.name}.weight")
-        w_t = ctx.graph.initializer(f"{plan.name}.weight.T", np.ascontiguousarray(w.T))
+        w_t = ctx.float_initializer(f"{plan.name}.weight.T", plan.weight_name or f"{plan.name}.weight",
+                                    transpose=True)
         return ctx.graph.op("MatMul", [x, w_t], f"{plan.node_prefix}/MatMul")
