@@ -22,6 +22,7 @@ COMBOS = [("llama_h64", r) for r in RECIPES] + [
     ("qwen2", "uint4_g64"), ("qwen2", "int8_w8a8"), ("mistral", "uint4_g32_order"),
 ]
 COMBO_IDS = [f"{s}-{r}" for s, r in COMBOS]
+QUARK_EXPORTS = COMBOS
 
 
 def _is_weight_only(export) -> bool:
