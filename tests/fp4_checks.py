@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from independent_decode import dequantize_export
 from onnx import numpy_helper
-from onnx_helpers import onnx_layer_name
+from onnx_helpers import matmul_nbits_nodes, onnx_layer_name
 
 LOGIT_TOL = 1e-4   # fp32 ORT vs fp32 PyTorch: only summation order differs
 
@@ -17,16 +17,12 @@ LOGIT_TOL = 1e-4   # fp32 ORT vs fp32 PyTorch: only summation order differs
 def matmul_nbits_weights(model_dir: Path) -> dict[str, np.ndarray]:
     """Every FP4 weight as float32 [N, K]: 8-bit MatMulNBits decoded as (u - 128) * scale, or the dense W.T."""
     model = onnx.load(str(model_dir / "model.onnx"))
-    inits = {t.name: t for t in model.graph.initializer}
     out = {}
-    for node in model.graph.node:
-        if node.op_type != "MatMulNBits":
-            continue
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    for node, attrs, arrays in matmul_nbits_nodes(model_dir, model):
         assert attrs["bits"] == 8 and len(node.input) == 3, "FP4 re-encoding must be 8-bit with the default zero point"
         n, k, bs = attrs["N"], attrs["K"], attrs["block_size"]
-        b = numpy_helper.to_array(inits[node.input[1]], base_dir=str(model_dir)).reshape(n, k // bs, bs)
-        s = numpy_helper.to_array(inits[node.input[2]], base_dir=str(model_dir)).astype(np.float32).reshape(n, -1, 1)
+        b = arrays[node.input[1]].reshape(n, k // bs, bs)
+        s = arrays[node.input[2]].astype(np.float32).reshape(n, -1, 1)
         layer = node.name.rsplit("/", 1)[0]
         out[layer] = ((b.astype(np.float32) - 128.0) * s).reshape(n, k)
     for init in model.graph.initializer:   # fp4_linear=dense: W.T stored as is
