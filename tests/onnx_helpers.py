@@ -79,27 +79,33 @@ def onnx_layer_name(module: str) -> str:
     return f"/model/layers.{parts[2]}/{'attn' if parts[3] == 'self_attn' else 'mlp'}/{parts[4]}"
 
 
+def matmul_nbits_nodes(model_dir: Path, model: onnx.ModelProto | None = None):
+    """Each MatMulNBits of the model as (node, attributes, {input name: numpy array of that initializer})."""
+    model = model if model is not None else onnx.load(str(model_dir / "model.onnx"))
+    inits = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            arrays = {name: numpy_helper.to_array(inits[name], base_dir=str(model_dir))
+                      for name in node.input[1:] if name in inits}
+            yield node, attrs, arrays
+
+
 def matmul_nbits_dequantized(model_dir: Path) -> dict[str, np.ndarray]:
     """Decode every MatMulNBits back to float32 [N, K] from the ONNX tensors alone (ort_facts.md layout):
     B uint8 [N, k_blocks, bs*bits/8] LSB first, scales [N*k_blocks], zero_points packed or default 2^(bits-1)."""
-    model = onnx.load(str(model_dir / "model.onnx"))
-    inits = {t.name: t for t in model.graph.initializer}
     out = {}
-    for node in model.graph.node:
-        if node.op_type != "MatMulNBits":
-            continue
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    for node, attrs, arrays in matmul_nbits_nodes(model_dir):
         n, k, bs, bits = attrs["N"], attrs["K"], attrs["block_size"], attrs["bits"]
         blocks = -(-k // bs)
-        raw = numpy_helper.to_array(inits[node.input[1]], base_dir=str(model_dir)).reshape(n, blocks, -1)
+        raw = arrays[node.input[1]].reshape(n, blocks, -1)
         if bits == 4:
             vals = np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(n, blocks * bs)
         else:
             vals = raw.reshape(n, blocks * bs)
-        scales = numpy_helper.to_array(inits[node.input[2]], base_dir=str(model_dir)).astype(np.float32)
-        scales = scales.reshape(n, blocks)
+        scales = arrays[node.input[2]].astype(np.float32).reshape(n, blocks)
         if len(node.input) > 3 and node.input[3]:
-            zraw = numpy_helper.to_array(inits[node.input[3]], base_dir=str(model_dir)).reshape(n, -1)
+            zraw = arrays[node.input[3]].reshape(n, -1)
             zps = np.stack([zraw & 0xF, zraw >> 4], -1).reshape(n, -1)[:, :blocks] if bits == 4 else zraw
         else:
             zps = np.full((n, blocks), 1 << (bits - 1))

@@ -3,14 +3,13 @@ in genai_config.json; onnxruntime-genai 0.18 knows every provider name we write,
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-from quark_factory import RECIPES, SHAPES, ensure_exports
+from onnx_helpers import genai_greedy
 
 from builder.convert import convert
 from builder.emit_context import BuildOptions
@@ -20,21 +19,25 @@ from builder.ep_rules import Rule
 from builder.errors import ConversionError
 from builder.quant import SCHEMES
 
-CACHE = Path(os.environ.get("QUARK_FIXTURE_CACHE", Path(__file__).resolve().parents[1] / ".cache" / "quark_exports"))
 # scheme name -> (shape, recipe) exports that exercise it; "float" uses the export's own float model
 SCHEME_EXPORTS = {
     "float": ("llama_h64", "uint4_g64"),
     "int-weight-only": ("llama_h64", "uint4_g64"),
+    "fp8-w8a8": ("llama_h64", "fp8_w8a8"),
+    "int8-w8a8": ("llama_h64", "int8_w8a8"),
+    "mxfp4": ("llama_h64", "mxfp4"),
+    "nvfp4": ("llama_h64", "nvfp4"),
 }
 INT_RECIPES = ("uint4_g64", "int4_per_channel", "int8_wo_g64", "uint8_wo_per_channel")
-EXPORTS = [("llama_h64", r) for r in INT_RECIPES] + [("llama_bias", "uint4_g64")]
+EXPORTS = list(dict.fromkeys([("llama_h64", r) for r in INT_RECIPES] + [("llama_bias", "uint4_g64")]
+                             + [e for name, e in SCHEME_EXPORTS.items() if name != "float"]))
+QUARK_EXPORTS = EXPORTS
 PROVIDER = {"cpu": [], "cuda": [{"cuda": {}}], "rocm": [{"AMDGPU": {}}], "migraphx": [{"MIGraphX": {}}]}
 
 
 @pytest.fixture(scope="module")
-def exports() -> dict[tuple[str, str], Path]:
-    paths = ensure_exports(CACHE, [(SHAPES[s], RECIPES[r]) for s, r in EXPORTS])
-    return dict(zip(EXPORTS, paths))
+def exports(quark_exports) -> dict[tuple[str, str], Path]:
+    return dict(zip(EXPORTS, quark_exports.many(EXPORTS)))
 
 
 def _convert(src: Path, out: Path, ep: str, **kw):
@@ -50,7 +53,7 @@ def test_every_registered_scheme_has_an_export_here():
 def test_converted_model_passes_its_ep_check(exports, tmp_path, ep, export):
     shape, recipe = export
     src = exports[(shape, "uint4_g64")] / "float" if recipe == "float" else exports[export] / "quark"
-    bits8 = recipe.startswith(("int8", "uint8"))
+    bits8 = recipe.startswith(("int8_wo", "uint8_wo"))  # 8-bit weight-only: MatMulNBits bits=8
     if bits8 and not get_ep(ep).matmul_nbits_bits & {8}:
         with pytest.raises(ConversionError, match="MatMulNBits only with"):
             _convert(src, tmp_path / "out", ep)
@@ -114,19 +117,11 @@ def _with_provider(model_dir: Path, dst: Path, entry: list) -> Path:
 
 
 def test_cpu_output_generates_with_og_generator(exports, tmp_path):
-    og = pytest.importorskip("onnxruntime_genai")
+    pytest.importorskip("onnxruntime_genai")
     export = exports[("llama_h64", "uint4_g64")]
     _convert(export / "quark", tmp_path / "cpu", "cpu", accuracy_level=1)
     ref = np.load(export / "reference.npz")
-    model = og.Model(str(tmp_path / "cpu"))
-    params = og.GeneratorParams(model)
-    new = len(ref["greedy"])
-    params.set_search_options(max_length=ref["input_ids"].shape[1] + new, do_sample=False)
-    gen = og.Generator(model, params)
-    gen.append_tokens(ref["input_ids"].astype(np.int32))
-    while not gen.is_done():
-        gen.generate_next_token()
-    out = list(gen.get_sequence(0))[ref["input_ids"].shape[1]:]
+    out = genai_greedy(tmp_path / "cpu", ref["input_ids"].astype(np.int32), len(ref["greedy"]))
     # Quark's own fake-quantized PyTorch model is the reference (accuracy_level=1: fp32 activations)
     assert out == list(ref["greedy"])
 

@@ -22,6 +22,7 @@ COMBOS = [("llama_h64", r) for r in RECIPES] + [
     ("qwen2", "uint4_g64"), ("qwen2", "int8_w8a8"), ("mistral", "uint4_g32_order"),
 ]
 COMBO_IDS = [f"{s}-{r}" for s, r in COMBOS]
+QUARK_EXPORTS = COMBOS
 
 
 def _is_weight_only(export) -> bool:
@@ -88,6 +89,30 @@ def test_cache_is_reused(quark_exports):
     again = quark_exports("llama_h64", "uint4_g64")
     assert time.time() - t < 1.0
     assert (again / "info.json").is_file()
+
+
+def test_first_request_makes_every_declared_export_in_one_call(monkeypatch, tmp_path):
+    """conftest batches the QUARK_EXPORTS of all collected modules into the first ensure_exports call."""
+    import types
+
+    import conftest
+
+    calls = []
+
+    def fake_ensure(root, items):
+        calls.append([r.name for _, r in items])
+        return [root / r.name for _, r in items]
+
+    monkeypatch.setattr(conftest, "ensure_exports", fake_ensure)
+    modules = [types.SimpleNamespace(QUARK_EXPORTS=[("llama_h64", "uint4_g64"), ("llama_h64", "mxfp4")]),
+               types.SimpleNamespace(QUARK_EXPORTS=[("llama_h64", "mxfp4")]), types.SimpleNamespace()]
+    exports = conftest.QuarkExports(tmp_path, conftest.declared_exports(modules))
+    assert exports("llama_h64", "mxfp4") == tmp_path / "mxfp4"
+    assert calls == [["uint4_g64", "mxfp4"]]
+    assert exports.many([("llama_h64", "uint4_g64")]) == [tmp_path / "uint4_g64"]
+    assert calls[1:] == [["uint4_g64"]]  # only a cache lookup from now on
+    with pytest.warns(UserWarning, match="not in any collected module"):
+        exports("llama_h64", "nvfp4")
 
 
 def test_expected_layouts(exports):

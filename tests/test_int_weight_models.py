@@ -19,7 +19,7 @@ import pytest
 from independent_decode import dequantize_export
 from onnx_helpers import (NEW_TOKENS, build, decisive_prefix, genai_greedy, matmul_nbits_dequantized,
                           onnx_layer_name, op_types, prompt_logits)
-from quark_factory import RECIPES, SHAPES, combo_problem
+from quark_factory import RECIPES, SHAPES, combo_problem, forward_logits, torch_greedy
 
 LOGIT_TOL = 1e-4  # fp32 io, accuracy_level 1: only the summation order differs from PyTorch
 
@@ -38,6 +38,7 @@ LOW_PRECISION = [("llama_h64_bf16", "uint4_g64"), ("llama_h64_bf16", "int4_g64")
                  ("llama_h64_fp16", "int8_wo_per_channel")]
 CASES = [("llama_h64", r) for r in FP32_RECIPES] + SHAPE_RECIPES + LOW_PRECISION
 CASES = [(s, r) for s, r in CASES if combo_problem(SHAPES[s], RECIPES[r]) is None]
+QUARK_EXPORTS = CASES
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +73,8 @@ def independent_reference(export, ids: np.ndarray):
     from independent_decode import load_reference_model
     model = load_reference_model(export / "quark")
     seq = torch.from_numpy(ids)
-    with torch.no_grad():
-        logits = model(seq).logits.numpy()
-        greedy, margins = [], []
-        for _ in range(NEW_TOKENS):
-            last = model(seq).logits[0, -1]
-            top2 = torch.topk(last, 2).values
-            greedy.append(int(last.argmax()))
-            margins.append(float(top2[0] - top2[1]))
-            seq = torch.cat([seq, torch.tensor([[greedy[-1]]])], dim=1)
-    return logits, np.array(greedy), np.array(margins)
+    greedy, margins = torch_greedy(model, seq, NEW_TOKENS)
+    return forward_logits(model, seq).numpy(), np.array(greedy), np.array(margins)
 
 
 @pytest.mark.parametrize("recipe", ["uint4_g32_order", "int4_g64", "int4_per_channel", "uint4_g64_fake",

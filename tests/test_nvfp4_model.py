@@ -5,8 +5,10 @@ import numpy as np
 import onnx
 import pytest
 
-from test_mxfp4_model import (LOGIT_TOL, build, check_weights_bit_exact, genai_greedy, op_types,
-                              prompt_logits)
+from fp4_checks import LOGIT_TOL, check_weights_bit_exact
+from onnx_helpers import build, genai_greedy, op_types, prompt_logits
+
+QUARK_EXPORTS = [("llama_h64", "nvfp4")]
 
 
 @pytest.fixture(scope="module")
