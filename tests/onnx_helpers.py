@@ -94,8 +94,9 @@ def matmul_nbits_nodes(model_dir: Path, model: onnx.ModelProto | None = None):
 def matmul_nbits_dequantized(model_dir: Path) -> dict[str, np.ndarray]:
     """Decode every MatMulNBits back to float32 [N, K] from the ONNX tensors alone (ort_facts.md layout):
     B uint8 [N, k_blocks, bs*bits/8] LSB first, scales [N*k_blocks], zero_points packed or default 2^(bits-1)."""
+    model = onnx.load(str(model_dir / "model.onnx"))
     out = {}
-    for node, attrs, arrays in matmul_nbits_nodes(model_dir):
+    for node, attrs, arrays in matmul_nbits_nodes(model_dir, model):
         n, k, bs, bits = attrs["N"], attrs["K"], attrs["block_size"], attrs["bits"]
         blocks = -(-k // bs)
         raw = arrays[node.input[1]].reshape(n, blocks, -1)
@@ -111,15 +112,16 @@ def matmul_nbits_dequantized(model_dir: Path) -> dict[str, np.ndarray]:
             zps = np.full((n, blocks), 1 << (bits - 1))
         w = (vals.astype(np.float32) - np.repeat(zps, bs, 1)) * np.repeat(scales, bs, 1)
         out[node.name.rsplit("/", 1)[0]] = w[:, :k]
-    return _unfuse(model, inits, model_dir, out)
+    return _unfuse(model, model_dir, out)
 
 
 FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
-def _unfuse(model, inits, model_dir: Path, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _unfuse(model, model_dir: Path, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Fused projections (`.../qkv_proj`, `.../gate_up_proj`) back to one entry per projection, using the sizes
     of the Split node that follows them."""
+    inits = {t.name: t for t in model.graph.initializer}
     splits = {n.name.rsplit("/", 1)[0]: n for n in model.graph.node if n.op_type == "Split"}
     for prefix in [p for p in weights if p.rsplit("/", 1)[-1] in FUSED_PARTS]:
         sizes = numpy_helper.to_array(inits[splits[prefix].input[1]], base_dir=str(model_dir))
