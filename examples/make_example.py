@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""(Re)make the committed example export examples/tiny-llama-uint4-quark/ with amd-quark 0.13 on CPU.
+"""(Re)make the committed examples with amd-quark 0.13 on CPU: the export examples/tiny-llama-uint4-quark/ and the
+float model it was quantized from, examples/tiny-llama-float/ (the input of the README's pipeline section).
 
-    python examples/make_example.py [--out examples/tiny-llama-uint4-quark]
+    python examples/make_example.py [--out examples/tiny-llama-uint4-quark] [--float_out examples/tiny-llama-float]
 
 A random LlamaForCausalLM (hidden 64, 2 layers, 4 heads / 2 KV heads, vocab 256, bf16) quantized to uint4
 asymmetric per-group 32 (lm_head left in bf16, the template's default) and exported in Quark hf_format, with a tiny
@@ -30,8 +31,9 @@ KEEP = ("config.json", "model.safetensors", "generation_config.json", "tokenizer
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "examples" / "tiny-llama-uint4-quark"))
+    ap.add_argument("--float_out", default=str(REPO / "examples" / "tiny-llama-float"))
     args = ap.parse_args()
-    out = Path(args.out)
+    out, float_out = Path(args.out), Path(args.float_out)
     with tempfile.TemporaryDirectory() as tmp:
         made = make_export(Path(tmp) / "export", EXAMPLE_SPEC, EXAMPLE_RECIPE, prompt_len=8, new_tokens=16)
         if out.exists():
@@ -40,8 +42,12 @@ def main() -> int:
         for name in KEEP:
             shutil.copy2(made / "quark" / name, out / name)
         shutil.copy2(made / "reference.npz", out / "reference.npz")
-    size = sum(f.stat().st_size for f in out.iterdir())
-    print(f"wrote {out} ({size / 1024:.0f} KiB)")
+        if float_out.exists():
+            shutil.rmtree(float_out)
+        shutil.copytree(made / "float", float_out)
+    for folder in (out, float_out):
+        size = sum(f.stat().st_size for f in folder.iterdir())
+        print(f"wrote {folder} ({size / 1024:.0f} KiB)")
     return 0
 
 
