@@ -60,10 +60,10 @@ def test_logits_and_greedy_match_quark(exports, tmp_path, shape, recipe):
     diff = float(np.abs(prompt_logits(out, ids) - ref_logits).max())
     assert diff <= LOGIT_TOL, f"max |logit diff| {diff:.3g} > {LOGIT_TOL}"
     tokens = genai_greedy(out, ids)
-    # A step whose top-2 margin is below the numeric error is a tie the reference broke arbitrarily.
-    steps = decisive_prefix(margins, LOGIT_TOL)
-    assert steps >= 12, f"reference has a near-tie at step {steps}; pick another seed"
-    assert tokens[:steps] == ref_greedy[:steps].tolist()
+    # Every case has top-2 margins above the numeric error at all 16 steps, so all 16 tokens must agree
+    # (measured on the 40 cases: max |logit diff| 3.7e-6, 16/16 greedy tokens equal everywhere).
+    assert decisive_prefix(margins, LOGIT_TOL) == NEW_TOKENS, "reference has a near-tie; pick another seed"
+    assert tokens == ref_greedy.tolist()
 
 
 def independent_reference(export, ids: np.ndarray):
