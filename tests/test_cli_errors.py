@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from synthetic_export import QUANT_CONFIG, write_synthetic_export
@@ -54,6 +55,38 @@ def test_bad_input_one_line_exit_2_no_output(tmp_path, case):
         assert fragment in errors[0], errors[0]
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["src"]  # no temp folder left either
+
+
+def test_nan_scale_is_refused(tmp_path):
+    from safetensors.numpy import load_file, save_file
+    src = write_synthetic_export(tmp_path / "src")
+    tensors = load_file(str(src / "model.safetensors"))
+    tensors["model.layers.0.mlp.up_proj.weight_scale"][1, 3] = np.nan
+    save_file(tensors, str(src / "model.safetensors"))
+    r = run_builder("-i", src, "-o", tmp_path / "out")
+    assert r.returncode == 2 and "model.layers.0.mlp.up_proj.weight_scale" in r.stderr and "non-finite" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_shard_listed_in_index_but_missing(tmp_path):
+    src = write_synthetic_export(tmp_path / "src")
+    (src / "model.safetensors").rename(src / "model-00001-of-00002.safetensors")
+    (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "model.norm.weight": "model-00001-of-00002.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}}))
+    r = run_builder("-i", src, "-o", tmp_path / "out")
+    assert r.returncode == 2 and "model.safetensors.index.json" in r.stderr
+    assert "weight_map='model-00002-of-00002.safetensors'" in r.stderr
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    ({"hidden_size": None}, "hidden_size=None"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads=3"),
+    ({"intermediate_size": -5}, "intermediate_size=-5"),
+])
+def test_bad_hyper_parameters(tmp_path, overrides, needle):
+    src = write_synthetic_export(tmp_path / "src", config_overrides=overrides)
+    r = run_builder("-i", src, "-o", tmp_path / "out")
+    assert r.returncode == 2 and needle in r.stderr and "config.json" in r.stderr, r.stderr
 
 
 def test_verbose_shows_traceback(tmp_path):

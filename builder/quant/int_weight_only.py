@@ -119,6 +119,7 @@ class IntWeightOnly(Scheme):
             q = np.round(wf / np.repeat(scale, g, axis=1)) + np.repeat(zp, g, axis=1)
             lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
             q = np.clip(q, lo, hi).astype(np.int16)
+            _check_finite(ckpt, f"{base}.weight_scale", scale)
             return IntWeight(q, scale, zp, bits, signed, g)
         raw = ckpt.get(f"{base}.weight")
         if bits == 4:
@@ -146,6 +147,7 @@ class IntWeightOnly(Scheme):
                 zp = zp.astype(np.int16).reshape(n, 1)
             else:
                 zp = np.zeros((n, 1), np.int16)
+        _check_finite(ckpt, f"{base}.weight_scale", scale)
         return IntWeight(np.ascontiguousarray(q), np.ascontiguousarray(scale), zp, bits, signed, g)
 
     @classmethod
@@ -211,6 +213,13 @@ def _emit_dequantize_matmul(ctx, plan: LinearPlan, x: str, iw: IntWeight) -> str
     attrs = {"axis": 1} if per_channel else {"axis": 0, "block_size": iw.group_size}
     wf = g.op("DequantizeLinear", inputs, f"{plan.node_prefix}/weight/DequantizeLinear", **attrs)
     return g.op("MatMul", [x, wf], f"{plan.node_prefix}/MatMul")
+
+
+def _check_finite(ckpt, tensor: str, scale: np.ndarray) -> None:
+    bad = ~np.isfinite(scale)
+    if bad.any():
+        _fail(ckpt, tensor, f"{int(bad.sum())} non-finite scale(s) (corrupt checkpoint?)", "value",
+              float(scale[bad][0]))
 
 
 def _is_fake(ckpt, base: str) -> bool:
