@@ -21,6 +21,10 @@ from .quant import LinearPlan, scheme_for
 from .quark_reader import QuarkConfig, read_model_config
 
 
+# Output specs are read by the attention variants (builder/attention_variants.py), not by the linear schemes.
+OUTPUT_QUANTIZED_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+
+
 @dataclass
 class ModelPlan:
     source: Path
@@ -70,6 +74,10 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
             notes.append(f"{name}: config resolves to {spec.short()} but the checkpoint has no weight_scale; "
                          "kept float (quark_format.md pitfall 9)")
             spec = None
+        if spec is not None and spec.output_tensors and not name.endswith(OUTPUT_QUANTIZED_PROJECTIONS):
+            raise ConversionError("output quantization is supported on q/k/v projections only (FP8 KV cache and "
+                                  "attention)", file=config_file, layer=name, field=f"{spec.source}.output_tensors",
+                                  value=spec.output_tensors[0].short())
         scheme = scheme_for(spec, name, config_file)
         plan = LinearPlan(name=name, in_features=n_in, out_features=n_out, spec=spec, scheme=scheme,
                           has_bias=f"{name}.bias" in ckpt, node_prefix=prefix, weight_name=weight_name)

@@ -174,6 +174,8 @@ RECIPES: dict[str, QuantRecipe] = {
         _r("int8_w8a8", "int8"),
         _r("fp8_w8a8", "fp8"),
         _r("fp8_w8a8_kv", "fp8", kv_cache_scheme="fp8"),
+        _r("uint4_g64_kv", "uint4_wo_64", kv_cache_scheme="fp8"),
+        _r("uint4_g64_kv_attn", "uint4_wo_64", kv_cache_scheme="fp8", attention_scheme="fp8"),
         _r("fp8_w8a8_kv_attn", "fp8", kv_cache_scheme="fp8", attention_scheme="fp8"),
         _r("ptpc_fp8", "ptpc_fp8"),
         _r("mxfp4", "mxfp4"),

@@ -56,7 +56,7 @@ class IntWeightOnly(Scheme):
 
     @classmethod
     def accepts(cls, spec) -> bool:
-        if spec is None or len(spec.weight) != 1 or spec.input_tensors or spec.output_tensors:
+        if spec is None or len(spec.weight) != 1 or spec.input_tensors:
             return False
         w = spec.weight[0]
         return w.dtype in BITS and w.qscheme in ("per_group", "per_channel")

@@ -155,7 +155,7 @@ class Mxfp4Linear(Scheme):
 
     @classmethod
     def accepts(cls, spec) -> bool:
-        if spec is None or len(spec.weight) != 1 or spec.output_tensors or not cls._is_mx_fp4(spec.weight[0]):
+        if spec is None or len(spec.weight) != 1 or not cls._is_mx_fp4(spec.weight[0]):
             return False
         a = spec.input_tensors
         return not a or (len(a) == 1 and cls._is_mx_fp4(a[0]) and a[0].is_dynamic)

@@ -43,7 +43,7 @@ class Nvfp4Linear(Scheme):
 
     @classmethod
     def accepts(cls, spec) -> bool:
-        if spec is None or spec.output_tensors or not _is_nv_pair(spec.weight, False):
+        if spec is None or not _is_nv_pair(spec.weight, False):
             return False
         return not spec.input_tensors or _is_nv_pair(spec.input_tensors, True)
 
