@@ -1,15 +1,24 @@
 """Attention variants chosen from the checkpoint's output scales (registered with builder/attention_plan.py).
 
 - FP8 KV cache (k_proj/v_proj.output_scale, kv_cache_post_rope=false): Quark fake-quantizes the k/v projection
-  outputs before RoPE. Emulated on every EP as QDQ(k), QDQ(v) in front of GroupQueryAttention, so the cache holds
-  exactly the values an FP8 cache would give (in the io dtype). A native FP8 GQA cache (CUDA k_scale/v_scale) would
-  quantize after RoPE and needs genai_config keys not verified here: `kv_cache=native` is refused.
+  outputs before RoPE. Default (auto/emulate), every EP: QDQ(k), QDQ(v) in front of GroupQueryAttention, so the cache
+  holds exactly the values an FP8 cache would give (in the io dtype).
+  `kv_cache=native` (CUDA only, opt-in): GroupQueryAttention keeps past/present as float8e4m3fn
+  (k_quant_type=v_quant_type=PER_TENSOR, kv_cache_bit_width=8, inputs 12/13 = float32 [1] scale initializers); the
+  kernel quantizes K after RoPE (vLLM's reading of the same scales) and attends to unquantized K/V on the first
+  prompt, so it is not Quark's emulation. onnxruntime-genai takes the cache dtype from the model's past inputs: no
+  genai_config key is involved (docs/kv_cache.md has the evidence).
 - FP8 attention (q_proj.output_scale and/or self_attn.prob_output_scale): explicit MatMul/Softmax subgraph with QDQ
   (builder/ops/fp8_attention.py), chosen automatically; `fp8_attention=off` keeps fused GQA and ignores those scales
   (with a note), still emulating the FP8 KV cache.
 Options (BuildOptions): kv_cache auto|emulate|off|native, fp8_attention auto|off.
 """
 from __future__ import annotations
+
+import math
+
+import numpy as np
+from onnx import TensorProto
 
 from .attention_plan import register_chooser
 from .errors import ConversionError
@@ -65,6 +74,60 @@ def _emulated_kv_gqa(default_attention, scales: list[LayerScales]):
     return attention
 
 
+# why an EP has no native FP8 GroupQueryAttention cache (docs/kv_cache.md)
+NO_NATIVE_FP8_CACHE = {
+    "cpu": "onnxruntime's CPU GroupQueryAttention has int8/4-bit caches but no float8 cache",
+    "migraphx": "MIGraphX's GroupQueryAttention parser takes no k_scale/v_scale (no quantized cache)",
+    "rocm": "MIGraphX's GroupQueryAttention parser takes no k_scale/v_scale (no quantized cache)",
+}
+NATIVE_ACCEPTED = "auto, emulate, off"
+
+
+def _refuse_native(reason: str, **where) -> None:
+    field = where.pop("field", "--extra_options kv_cache")
+    prefix = "" if field == "--extra_options kv_cache" else "kv_cache=native: "
+    raise ConversionError(prefix + reason, field=field, value=where.pop("value", "native"),
+                          accepted=where.pop("accepted", NATIVE_ACCEPTED), **where)
+
+
+def check_native_kv(model_plan, scales: list[LayerScales], has_attn: bool) -> None:
+    """Everything `kv_cache=native` needs, checked before anything is written."""
+    ep, opts = model_plan.ep, model_plan.options
+    if "fp8" not in ep.gqa_kv_quant:
+        _refuse_native(f"no float8 GroupQueryAttention cache on {ep.name} "
+                       f"({NO_NATIVE_FP8_CACHE.get(ep.name, 'not in this EP profile')})")
+    if model_plan.io not in ("fp16", "bf16"):
+        _refuse_native(f"{ep.name} registers GroupQueryAttention with a float8 cache for fp16/bf16 only "
+                       f"(io {model_plan.io} would run it on CPU, which has none)", field="--precision",
+                       value=model_plan.io, accepted="fp16, bf16")
+    if has_attn and opts.fp8_attention != "off":
+        _refuse_native("the checkpoint's q_proj.output_scale / prob_output_scale select the explicit FP8 attention "
+                       "subgraph, not GroupQueryAttention; add fp8_attention=off", field="--extra_options "
+                       "fp8_attention", value=opts.fp8_attention, accepted="off (with kv_cache=native)")
+    for i, s in enumerate(scales):
+        for proj, value in (("k", s.k), ("v", s.v)):
+            if value is None or not math.isfinite(value) or value <= 0:
+                _refuse_native("every layer needs finite positive k_proj and v_proj output scales",
+                               file=model_plan.source, layer=f"model.layers.{i}.self_attn.{proj}_proj.output_scale",
+                               field="output_scale", value=value, accepted="> 0")
+
+
+def _native_kv_gqa(default_attention, scales: list[LayerScales]):
+    def attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp):
+        s, g, p = scales[i], ctx.graph, f"model.layers.{i}.attn"
+        if s.k == s.v:  # Quark writes max(k, v) to both: one tensor lets CUDA use its XQA decode kernel
+            k_scale = v_scale = g.initializer(f"{p}.kv_scale", np.array([s.k], np.float32))
+        else:
+            k_scale = g.initializer(f"{p}.k_scale", np.array([s.k], np.float32))
+            v_scale = g.initializer(f"{p}.v_scale", np.array([s.v], np.float32))
+        return default_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp,
+                                 extra_inputs=["", "", "", k_scale, v_scale],  # position_ids, bias, head_sink
+                                 extra_attrs=dict(k_quant_type="PER_TENSOR", v_quant_type="PER_TENSOR",
+                                                  kv_cache_bit_width=8))
+    attention.cache_elem_type = TensorProto.FLOAT8E4M3FN
+    return attention
+
+
 def _explicit_fp8(scales: list[LayerScales]):
     cache: dict[int, object] = {}
 
@@ -79,11 +142,12 @@ def _explicit_fp8(scales: list[LayerScales]):
 
 @register_chooser
 def choose_quantized_attention(model_plan, ckpt):
-    if model_plan.quant is None:
-        return None
-    scales = read_layer_scales(model_plan, ckpt)
+    scales = read_layer_scales(model_plan, ckpt) if model_plan.quant is not None else []
     has_kv = any(s.k is not None or s.v is not None for s in scales)
     has_attn = any(s.q is not None or s.prob is not None for s in scales)
+    if model_plan.options.kv_cache == "native" and not has_kv:
+        _refuse_native("the checkpoint has no k_proj/v_proj.output_scale (no FP8 KV cache to store)",
+                       file=model_plan.source)
     if not has_kv and not has_attn:
         return None
     opts, notes, ep = model_plan.options, model_plan.notes, model_plan.ep.name
@@ -97,10 +161,6 @@ def choose_quantized_attention(model_plan, ckpt):
     if opts.fp8_attention not in ("auto", "off"):
         raise ConversionError("unknown fp8_attention option", field="--extra_options fp8_attention",
                               value=opts.fp8_attention, accepted="auto, off")
-    if has_kv and opts.kv_cache == "native":
-        raise ConversionError("a native FP8 GroupQueryAttention cache is not implemented (it quantizes after RoPE, "
-                              "Quark before; genai keys unverified); use kv_cache=emulate", field="kv_cache",
-                              value="native", accepted="auto, emulate, off")
     if has_kv and opts.kv_cache == "off":
         notes.append("kv_cache=off: the checkpoint's k_proj/v_proj.output_scale (FP8 KV cache) are ignored")
         scales = [LayerScales(q=s.q, prob=s.prob) for s in scales]
@@ -110,6 +170,15 @@ def choose_quantized_attention(model_plan, ckpt):
                      "self_attn.prob_output_scale are ignored (logits differ from Quark's FP8 attention)")
         scales = [LayerScales(k=s.k, v=s.v) for s in scales]
         has_attn = False
+    if opts.kv_cache == "native":
+        check_native_kv(model_plan, scales, has_attn)
+        notes.append(f"FP8 KV cache native on {ep} (kv_cache=native): GroupQueryAttention stores past/present as "
+                     "float8e4m3fn with k_proj/v_proj.output_scale as k_scale/v_scale; it quantizes K AFTER RoPE "
+                     "(vLLM's semantics; Quark's emulation quantizes before RoPE) and the first prompt attends to "
+                     "unquantized K/V, so logits differ from Quark's; needs onnxruntime CUDA with USE_FP8_KV_CACHE "
+                     "and an SM89+ GPU; genai past_present_share_buffer=true")
+        model_plan.search_extras["past_present_share_buffer"] = True
+        return _native_kv_gqa(model_plan.family.default_attention, scales)
     if has_attn:
         notes.append(f"FP8 attention: explicit MatMul/Softmax subgraph with Q/DQ of Q, K, V (before RoPE) and the "
                      f"softmax probabilities (checkpoint scales) on {ep}; KV cache holds the fake-quantized values "
@@ -117,8 +186,10 @@ def choose_quantized_attention(model_plan, ckpt):
         model_plan.search_extras["past_present_share_buffer"] = False
         return _explicit_fp8(scales)
     if has_kv:
+        native = ("kv_cache=native stores a real float8 cache instead (quantized after RoPE, opt-in)"
+                  if "fp8" in model_plan.ep.gqa_kv_quant else f"{ep} has no native FP8 GroupQueryAttention cache")
         notes.append(f"FP8 KV cache emulated on {ep}: K and V are quantize-dequantized with k_proj/v_proj."
                      "output_scale before GroupQueryAttention (numerics of an FP8 cache; cache stored in the io "
-                     "dtype)")
+                     f"dtype); {native}")
         return _emulated_kv_gqa(model_plan.family.default_attention, scales)
     return None

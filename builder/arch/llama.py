@@ -38,8 +38,10 @@ def linear_layers(hp: DecoderHyper) -> list[tuple[str, int, int, str]]:
 
 def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
     """Emit the whole decoder. `plans` maps module name -> LinearPlan; `attention(ctx, layer, q, k, v, ...)`
-    emits one layer's attention core (GQA, or an FP8 attention subgraph)."""
+    emits one layer's attention core (GQA, or an FP8 attention subgraph). An attention callable with a
+    `cache_elem_type` attribute (ONNX element type) declares past/present in that type instead of the io type."""
     g, io = ctx.graph, ctx.io_type
+    cache_t = getattr(attention, "cache_elem_type", None) or io
     input_ids = g.input("input_ids", 7, ["batch_size", "sequence_length"])
     mask = g.input("attention_mask", 7, ["batch_size", "total_sequence_length"])
     kv_shape = ["batch_size", hp.num_kv_heads, "past_sequence_length", hp.head_dim]
@@ -57,10 +59,10 @@ def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
         pre = f"model.layers.{i}"
         q, k, v = emit_linears(ctx, [plans[f"{pre}.self_attn.{p}"] for p in ("q_proj", "k_proj", "v_proj")], x,
                                f"{pre}.self_attn.qkv_proj", f"/model/layers.{i}/attn/qkv_proj")
-        past_k = g.input(f"past_key_values.{i}.key", io, kv_shape)
-        past_v = g.input(f"past_key_values.{i}.value", io, kv_shape)
-        present_k = g.output(f"present.{i}.key", io, present_shape)
-        present_v = g.output(f"present.{i}.value", io, present_shape)
+        past_k = g.input(f"past_key_values.{i}.key", cache_t, kv_shape)
+        past_v = g.input(f"past_key_values.{i}.value", cache_t, kv_shape)
+        present_k = g.output(f"present.{i}.key", cache_t, present_shape)
+        present_v = g.output(f"present.{i}.value", cache_t, present_shape)
         attn = attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp)
         attn_out = emit_linear(ctx, plans[f"{pre}.self_attn.o_proj"], attn)
         x, residual = skip_rms_norm(ctx, attn_out, residual, f"{pre}.post_attention_layernorm.weight",
@@ -76,7 +78,10 @@ def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
     g.output("logits", io, ["batch_size", "sequence_length", hp.vocab_size])
 
 
-def default_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp) -> str:
+def default_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp, *,
+                      extra_inputs: list[str] | None = None, extra_attrs: dict | None = None) -> str:
+    """GroupQueryAttention; extra_inputs follow sin_cache (position_ids, attention_bias, head_sink, k_scale, ...)."""
     return group_query_attention(ctx, q, k, v, past_k, past_v, present_k, present_v, shared,
                                  num_heads=hp.num_heads, kv_heads=hp.num_kv_heads, head_dim=hp.head_dim,
-                                 local_window=hp.sliding_window, prefix=f"/model/layers.{i}/attn")
+                                 local_window=hp.sliding_window, prefix=f"/model/layers.{i}/attn",
+                                 extra_inputs=extra_inputs, extra_attrs=extra_attrs)
