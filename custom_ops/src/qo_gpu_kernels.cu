@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kThreads) dynamic_row_scale_kernel(const TA* _
   }
   partial[threadIdx.x] = amax;
   __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+  for (unsigned stride = blockDim.x / 2; stride > 0; stride /= 2) {
     if (threadIdx.x < stride) {
       const float other = partial[threadIdx.x + stride];
       if (!(other <= partial[threadIdx.x])) partial[threadIdx.x] = other;
