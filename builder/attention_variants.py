@@ -1,7 +1,8 @@
 """Attention variants chosen from the checkpoint's output scales (registered with builder/attention_plan.py).
 
 - FP8 KV cache (k_proj/v_proj.output_scale, kv_cache_post_rope=false): Quark fake-quantizes the k/v projection
-  outputs before RoPE. Default (auto/emulate), every EP: QDQ(k), QDQ(v) in front of GroupQueryAttention, so the cache
+  outputs before RoPE (and before a family's per-head q/k norm: Qwen3's default_attention applies it after
+  these). Default (auto/emulate), every EP: QDQ(k), QDQ(v) in front of GroupQueryAttention, so the cache
   holds exactly the values an FP8 cache would give (in the io dtype).
   `kv_cache=native` (CUDA only, opt-in): GroupQueryAttention keeps past/present as float8e4m3fn
   (k_quant_type=v_quant_type=PER_TENSOR, kv_cache_bit_width=8, inputs 12/13 = float32 [1] scale initializers); the
@@ -128,7 +129,9 @@ def _native_kv_gqa(default_attention, scales: list[LayerScales]):
     return attention
 
 
-def _explicit_fp8(scales: list[LayerScales]):
+def _explicit_fp8(scales: list[LayerScales], head_norms=None):
+    """head_norms(ctx, i, q, k, hp) -> (q, k): a family's per-head q/k norm (Qwen3), applied like Quark between the
+    q/k_proj output quantizers and RoPE: QDQ(q), QDQ(k) here, then the norms, then fp8_attention without q/k scales."""
     cache: dict[int, object] = {}
 
     def attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp):
@@ -136,7 +139,16 @@ def _explicit_fp8(scales: list[LayerScales]):
         if key not in cache:
             cache.clear()
             cache[key] = shared_values(ctx, shared, hp)
-        return fp8_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, cache[key], hp, scales[i])
+        s = scales[i]
+        if head_norms is not None:
+            p = f"/model/layers.{i}/attn"
+            if s.q is not None:
+                q = qdq_static(ctx, q, s.q, "fp8_e4m3", f"{p}/q_quant")
+            if s.k is not None:
+                k = qdq_static(ctx, k, s.k, "fp8_e4m3", f"{p}/k_quant")
+            q, k = head_norms(ctx, i, q, k, hp)
+            s = LayerScales(v=s.v, prob=s.prob)
+        return fp8_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, cache[key], hp, s)
     return attention
 
 
@@ -184,7 +196,7 @@ def choose_quantized_attention(model_plan, ckpt):
                      f"softmax probabilities (checkpoint scales) on {ep}; KV cache holds the fake-quantized values "
                      "in the io dtype; genai past_present_share_buffer=false")
         model_plan.search_extras["past_present_share_buffer"] = False
-        return _explicit_fp8(scales)
+        return _explicit_fp8(scales, getattr(model_plan.family, "head_norms", None))
     if has_kv:
         native = ("kv_cache=native stores a real float8 cache instead (quantized after RoPE, opt-in)"
                   if "fp8" in model_plan.ep.gqa_kv_quant else f"{ep} has no native FP8 GroupQueryAttention cache")

@@ -37,6 +37,7 @@ ARCH_CLASSES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
     "mistral": ("MistralConfig", "MistralForCausalLM"),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
 }
 BOS_ID, EOS_ID = 1, 2
 
@@ -52,7 +53,7 @@ class TinyModelSpec:
     head_dim: int | None = None
     vocab: int = 256
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # llama only; qwen2 always has q/k/v bias
+    attention_bias: bool = False  # llama and qwen3 only; qwen2 always has q/k/v bias
     dtype: str = "float32"  # float32 | bfloat16 | float16
     seed: int = 0
     max_position_embeddings: int = 256
@@ -82,13 +83,13 @@ class TinyModelSpec:
         )
         if self.head_dim is not None:
             kwargs["head_dim"] = self.head_dim
-        if self.arch == "llama":
+        if self.arch in ("llama", "qwen3"):
             kwargs["attention_bias"] = self.attention_bias
         elif self.attention_bias:
-            raise ValueError(f"attention_bias applies to llama only (arch={self.arch!r})")
+            raise ValueError(f"attention_bias applies to llama and qwen3 only (arch={self.arch!r})")
         if self.arch == "mistral":
             kwargs["sliding_window"] = None
-        if self.arch == "qwen2":
+        if self.arch in ("qwen2", "qwen3"):
             kwargs["use_sliding_window"] = False
         cfg = config_cls(**kwargs)
         cfg.dtype = self.dtype
@@ -193,6 +194,8 @@ SHAPES: dict[str, TinyModelSpec] = {
     "llama_bias": TinyModelSpec(attention_bias=True),
     "qwen2": TinyModelSpec(arch="qwen2"),
     "mistral": TinyModelSpec(arch="mistral"),
+    # q/k RMSNorm per head; head_dim 32 != hidden/heads (q_proj 64 -> 128, o_proj 128 -> 64)
+    "qwen3": TinyModelSpec(arch="qwen3", head_dim=32),
 }
 
 

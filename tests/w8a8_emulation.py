@@ -38,8 +38,8 @@ def emulated_model(export_dir: Path):
     q = cfg["quantization_config"]
     tensors = load_file(str(export_dir / "quark" / "model.safetensors"))
     deq = np.load(export_dir / "quark_dequant.npz")
-    model = transformers.LlamaForCausalLM.from_pretrained(export_dir / "float", attn_implementation="eager",
-                                                          dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(export_dir / "float", attn_implementation="eager",
+                                                              dtype=torch.float32).eval()
     act = q["global_quant_config"]["input_tensors"]
     for name, mod in model.named_modules():
         if name not in deq.files:

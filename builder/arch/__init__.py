@@ -4,10 +4,10 @@ from __future__ import annotations
 from types import ModuleType
 
 from ..errors import ConversionError
-from . import llama
+from . import llama, qwen3
 from .base import DecoderHyper, read_hyper
 
-FAMILIES: dict[str, ModuleType] = {name: llama for name in llama.MODEL_TYPES}
+FAMILIES: dict[str, ModuleType] = {name: module for module in (llama, qwen3) for name in module.MODEL_TYPES}
 
 
 def family_for(cfg: dict, config_file: str) -> tuple[ModuleType, DecoderHyper]:

@@ -18,6 +18,10 @@ ALIASES = {
 }
 
 
+# model types whose sliding window applies only to the layers that `layer_types` / `max_window_layers` mark
+PER_LAYER_WINDOW_TYPES = ("qwen2", "qwen3")
+
+
 @dataclass(frozen=True)
 class DecoderHyper:
     architecture: str
@@ -66,6 +70,9 @@ def read_hyper(cfg: dict, architecture: str, model_type: str, config_file: str) 
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
     scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    if model_type in PER_LAYER_WINDOW_TYPES:  # transformers: use_sliding_window defaults to false there
+        sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", False) else None
+        sliding = _uniform_sliding_window(cfg, sliding, positive("num_layers"), config_file)
     return DecoderHyper(
         architecture=architecture, model_type=model_type, hidden_size=hidden,
         intermediate_size=positive("intermediate_size"), num_layers=positive("num_layers"), num_heads=heads,
@@ -76,3 +83,25 @@ def read_hyper(cfg: dict, architecture: str, model_type: str, config_file: str) 
         sliding_window=int(sliding) if sliding else -1,
         bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"),
         pad_token_id=cfg.get("pad_token_id"))
+
+
+def _uniform_sliding_window(cfg: dict, window: int | None, num_layers: int, config_file: str) -> int | None:
+    """The one sliding window every layer uses, or None. transformers windows only the layers whose `layer_types`
+    entry is "sliding_attention" (without layer_types: layers >= max_window_layers when use_sliding_window);
+    a mix of windowed and full layers would need a per-layer window: refused."""
+    if not window:
+        return None
+    types = cfg.get("layer_types")
+    if types is None and cfg.get("max_window_layers") is not None:
+        types = ["sliding_attention" if i >= cfg["max_window_layers"] else "full_attention"
+                 for i in range(num_layers)]
+    if types is None:
+        return window
+    windowed = {t == "sliding_attention" for t in types}
+    if windowed == {True}:
+        return window
+    if windowed == {False}:
+        return None
+    raise ConversionError("a mix of sliding-window and full-attention layers is not supported", file=config_file,
+                          field="layer_types", value=f"{sum(t == 'sliding_attention' for t in types)} of "
+                          f"{len(types)} sliding_attention", accepted="all full_attention or all sliding_attention")

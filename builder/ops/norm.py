@@ -2,8 +2,11 @@
 
     x ──► SimplifiedLayerNormalization(w) ──► y
     x, skip ──► SkipSimplifiedLayerNormalization(w) ──► y, (x + skip)   # second output: the new residual
+    per-head (Qwen3 q_norm/k_norm): x [B,S,N*D] ──► Reshape [B,S,N,D] ──► SimplifiedLayerNormalization ──► Reshape
 """
 from __future__ import annotations
+
+from ..errors import ConversionError
 
 
 def rms_norm(ctx, x: str, weight_tensor: str, eps: float, node_name: str) -> str:
@@ -17,3 +20,24 @@ def skip_rms_norm(ctx, x: str, skip: str, weight_tensor: str, eps: float, node_n
                          outputs=[f"{node_name}/output_0", "", "", f"{node_name}/output_3"],
                          domain="com.microsoft", epsilon=eps)
     return out[0], out[3]
+
+
+def head_rms_norm(ctx, x: str, weight_tensor: str, num_heads: int, head_dim: int, eps: float, prefix: str) -> str:
+    """RMSNorm over each head of a projection output (Qwen3 q_norm / k_norm, weight [head_dim]):
+
+        x [B,S,N*D] ──► Reshape [B,S,N,D] ──► SimplifiedLayerNormalization(w [D], axis=-1) ──► Reshape [B,S,N*D]
+    """
+    g = ctx.graph
+    check_vector(ctx, weight_tensor, head_dim)
+    x4 = g.op("Reshape", [x, g.const_i64(f"{prefix}/heads_shape", [0, 0, num_heads, head_dim])], f"{prefix}/Reshape")
+    y4 = rms_norm(ctx, x4, weight_tensor, eps, f"{prefix}/SimplifiedLayerNorm")
+    return g.op("Reshape", [y4, g.const_i64(f"{prefix}/flat_shape", [0, 0, num_heads * head_dim])],
+                f"{prefix}/Reshape_back")
+
+
+def check_vector(ctx, weight_tensor: str, size: int) -> None:
+    """A norm weight must be a [size] vector (the checkpoint is read lazily: a mismatch is caught here)."""
+    shape = tuple(ctx.ckpt.shape(weight_tensor))  # raises "tensor missing from the checkpoint"
+    if shape != (size,):
+        raise ConversionError("norm weight has the wrong shape", file=ctx.ckpt.model_dir, layer=weight_tensor,
+                              field="shape", value=list(shape), accepted=f"[{size}] (head_dim)")
