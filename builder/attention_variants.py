@@ -60,6 +60,16 @@ def read_layer_scales(model_plan, ckpt) -> list[LayerScales]:
             if f"{attn}.prob_output_scale" in ckpt:
                 found["prob"] = scalar_scale(ckpt, f"{attn}.prob_output_scale")
         out.append(LayerScales(**found))
+    if quant.softmax_spec is not None:
+        missing = [i for i, s in enumerate(out) if s.prob is None]
+        if missing and len(missing) < len(out):
+            raise ConversionError("prob_output_scale present for some layers only", file=ckpt.model_dir,
+                                  layer=f"model.layers.{missing[0]}.self_attn.prob_output_scale",
+                                  field="softmax_quant_spec", value=quant.softmax_spec.short())
+        if missing:  # Quark writes it only when attention ran eagerly at quantization time (else it warns)
+            model_plan.notes.append("softmax_quant_spec is set but the checkpoint has no prob_output_scale: Quark "
+                                    "did not quantize the probabilities (non-eager attention at quantization "
+                                    "time), so neither does this model")
     return out
 
 

@@ -144,6 +144,13 @@ class Checkpoint:
             done += n
         return out
 
+    def get_scale(self, name: str) -> np.ndarray:
+        """A quantization scale as float32; refuses a non-float tensor (an int scale would silently become 0s)."""
+        if self.dtype(name) not in ("F32", "F16", "BF16", "F64"):
+            raise ConversionError("scale tensor must be a float tensor", file=self.model_dir, layer=name,
+                                  field="dtype", value=self.dtype(name), accepted="F32, F16, BF16")
+        return self.get_f32(name)
+
     def get_f32(self, name: str) -> np.ndarray:
         return np.asarray(self.get(name), dtype=np.float32)
 

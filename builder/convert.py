@@ -58,6 +58,8 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
     config_file = str(source / "config.json")
     family, hp = arch_registry.family_for(cfg, config_file)
     ckpt = ckpt or Checkpoint(source)
+    for tensor, shape in family.float_tensors(hp):
+        check_float_tensor(ckpt, tensor, shape)
     linears: dict[str, LinearPlan] = {}
     notes: list[str] = list(ep.notes)
     for name, n_in, n_out, prefix in family.linear_layers(hp):
@@ -87,6 +89,15 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
     from .attention_plan import choose_attention  # late import: attention variants register themselves
     choose_attention(model_plan, ckpt)
     return model_plan, ckpt
+
+
+def check_float_tensor(ckpt: Checkpoint, tensor: str, shape: tuple[int, ...]) -> None:
+    if tuple(ckpt.shape(tensor)) != tuple(shape):
+        raise ConversionError("tensor shape does not match config.json", file=ckpt.model_dir, layer=tensor,
+                              field="shape", value=list(ckpt.shape(tensor)), accepted=str(list(shape)))
+    if ckpt.dtype(tensor) not in ("F32", "F16", "BF16"):
+        raise ConversionError("expected a float tensor", file=ckpt.model_dir, layer=tensor, field="dtype",
+                              value=ckpt.dtype(tensor), accepted="F32, F16, BF16")
 
 
 def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precision: str | None = None,

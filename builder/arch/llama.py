@@ -36,6 +36,15 @@ def linear_layers(hp: DecoderHyper) -> list[tuple[str, int, int, str]]:
     return out
 
 
+def float_tensors(hp: DecoderHyper) -> list[tuple[str, tuple[int, ...]]]:
+    """(tensor, shape) of every float tensor the graph reads besides the linears, checked before emission."""
+    out = [("model.embed_tokens.weight", (hp.vocab_size, hp.hidden_size)), ("model.norm.weight", (hp.hidden_size,))]
+    for i in range(hp.num_layers):
+        out += [(f"model.layers.{i}.input_layernorm.weight", (hp.hidden_size,)),
+                (f"model.layers.{i}.post_attention_layernorm.weight", (hp.hidden_size,))]
+    return out
+
+
 def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
     """Emit the whole decoder. `plans` maps module name -> LinearPlan; `attention(ctx, layer, q, k, v, ...)`
     emits one layer's attention core (GQA, or an FP8 attention subgraph). An attention callable with a

@@ -20,6 +20,12 @@ linear_layers = llama.linear_layers
 build_graph = llama.build_graph
 
 
+def float_tensors(hp: DecoderHyper) -> list[tuple[str, tuple[int, ...]]]:
+    norms = [(f"model.layers.{i}.self_attn.{n}.weight", (hp.head_dim,))
+             for i in range(hp.num_layers) for n in ("q_norm", "k_norm")]
+    return llama.float_tensors(hp) + norms
+
+
 def head_norms(ctx, i: int, q: str, k: str, hp: DecoderHyper) -> tuple[str, str]:
     """q [B,S,H*D], k [B,S,Hkv*D] -> the same shapes, each head RMS-normalized with its layer's q_norm/k_norm."""
     attn, p = f"model.layers.{i}.self_attn", f"/model/layers.{i}/attn"

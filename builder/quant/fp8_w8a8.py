@@ -33,7 +33,7 @@ def _fail(ckpt, layer, message, field=None, value=None, accepted=None):
 
 
 def scalar_scale(ckpt, tensor: str) -> float:
-    s = ckpt.get_f32(tensor)
+    s = ckpt.get_scale(tensor)
     if s.size != 1:
         _fail(ckpt, tensor, "per-tensor scale must hold one value", "shape", list(s.shape), "[] or [1]")
     value = float(s.reshape(()))
@@ -119,7 +119,7 @@ class Fp8W8A8(Scheme):
     def load(plan: LinearPlan, ckpt) -> tuple[np.ndarray, np.ndarray]:
         """(fp8 [out, in], fp32 scale [out, 1] or [1, 1])."""
         base = plan.name
-        scale = ckpt.get_f32(f"{base}.weight_scale").reshape(-1, 1)
+        scale = ckpt.get_scale(f"{base}.weight_scale").reshape(-1, 1)
         raw = ckpt.get(f"{base}.weight")
         if ckpt.dtype(f"{base}.weight") == "F8_E4M3":
             return np.asarray(raw), scale

@@ -70,7 +70,7 @@ class Int8W8A8(Scheme):
             if name in ckpt and int(np.prod(ckpt.shape(name), dtype=np.int64)) != 1:
                 _fail(ckpt, name, "per-tensor activation parameter must hold one value", "shape",
                       list(ckpt.shape(name)))
-        s = float(ckpt.get_f32(f"{base}.input_scale").reshape(()))
+        s = float(ckpt.get_scale(f"{base}.input_scale").reshape(()))
         if not np.isfinite(s) or s <= 0:
             _fail(ckpt, f"{base}.input_scale", "scale must be positive and finite", "value", s)
 
@@ -78,6 +78,9 @@ class Int8W8A8(Scheme):
     def _zp(ckpt, name: str, qtype: str, size: int) -> np.ndarray:
         if name not in ckpt:
             return np.zeros(size, INT_DTYPES[qtype])
+        if ckpt.dtype(name) not in ("I8", "U8", "I16", "I32", "I64"):
+            raise ConversionError("zero point must be an integer tensor", file=ckpt.model_dir, layer=name,
+                                  field="dtype", value=ckpt.dtype(name), accepted="I8, U8, I32")
         z = np.asarray(ckpt.get(name)).astype(np.int64).reshape(-1)
         info = np.iinfo(INT_DTYPES[qtype])
         if z.min() < info.min or z.max() > info.max:
@@ -97,12 +100,12 @@ class Int8W8A8(Scheme):
         w, a = plan.spec.weight[0], plan.spec.input_tensors[0]
         n = plan.out_features
         q = np.asarray(ckpt.get(f"{base}.weight"))
-        scale = ckpt.get_f32(f"{base}.weight_scale").reshape(-1)
+        scale = ckpt.get_scale(f"{base}.weight_scale").reshape(-1)
         wzp = cls._zp(ckpt, f"{base}.weight_zero_point", w.dtype, scale.size)
         if w.qscheme == "per_channel" and scale.size == 1:
             scale, wzp = np.repeat(scale, n), np.repeat(wzp, n)
         w_t = weight_dq(ctx, base, q.T, scale, wzp, f"{pre}/weight_dq")
-        s = g.scalar(f"{base}.input_scale.q", float(ckpt.get_f32(f"{base}.input_scale").reshape(())), ctx.io_np)
+        s = g.scalar(f"{base}.input_scale.q", float(ckpt.get_scale(f"{base}.input_scale").reshape(())), ctx.io_np)
         zp = g.initializer(f"{base}.input_zero_point.q",
                            cls._zp(ckpt, f"{base}.input_zero_point", a.dtype, 1).reshape(()))
         xq = dequantize(ctx, quantize(ctx, x, s, zp, f"{pre}/input_quant"), s, zp, f"{pre}/input_quant")

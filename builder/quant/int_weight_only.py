@@ -45,10 +45,16 @@ def _fail(ckpt, layer, message, field, value, accepted=None):
     raise ConversionError(message, file=ckpt.model_dir, layer=layer, field=field, value=value, accepted=accepted)
 
 
-def _expect_shape(ckpt, tensor, shape):
-    got = ckpt.shape(tensor)
-    if tuple(got) != tuple(shape):
+def _expect_shape(ckpt, tensor, shape, alternatives=()):
+    got = tuple(ckpt.shape(tensor))
+    if got != tuple(shape) and got not in [tuple(a) for a in alternatives]:
         _fail(ckpt, tensor, "tensor has the wrong shape for this layer's spec", "shape", list(got), str(list(shape)))
+
+
+def _expect_dtype(ckpt, tensor, dtypes):
+    if ckpt.dtype(tensor) not in dtypes:
+        _fail(ckpt, tensor, "tensor has the wrong dtype for this layer's spec", "dtype", ckpt.dtype(tensor),
+              ", ".join(dtypes))
 
 
 class IntWeightOnly(Scheme):
@@ -90,16 +96,32 @@ class IntWeightOnly(Scheme):
         groups = k // g
         fake = _is_fake(ckpt, base)
         pack = 8 if bits == 4 else 1
-        if fake:
-            _expect_shape(ckpt, f"{base}.weight", (n, k))
-        elif w.qscheme == "per_group":
-            _expect_shape(ckpt, f"{base}.weight", (k, -(-n // pack)))
-            _expect_shape(ckpt, f"{base}.weight_scale", (groups, n))
-        else:
-            _expect_shape(ckpt, f"{base}.weight", (n, -(-k // pack)))
+        packed_dtypes = ("I32",) if bits == 4 else ("I8", "U8")
         zp_name = f"{base}.weight_zero_point"
         if w.symmetric is False and zp_name not in ckpt:
             _fail(ckpt, zp_name, "asymmetric spec but no zero point tensor", "weight.symmetric", False)
+        has_zp = zp_name in ckpt
+        if fake:  # float QDQ'd weight, scale [out, in/g] (or [out]), zero point unpacked int [out, in/g]
+            _expect_shape(ckpt, f"{base}.weight", (n, k))
+            _expect_shape(ckpt, f"{base}.weight_scale", (n, groups), alternatives=[(n,)] if groups == 1 else [])
+            if has_zp:
+                _expect_shape(ckpt, zp_name, (n, groups), alternatives=[(n,)] if groups == 1 else [])
+                _expect_dtype(ckpt, zp_name, ("I32", "I8", "U8", "I64"))
+        elif w.qscheme == "per_group":
+            _expect_shape(ckpt, f"{base}.weight", (k, -(-n // pack)))
+            _expect_dtype(ckpt, f"{base}.weight", packed_dtypes)
+            _expect_shape(ckpt, f"{base}.weight_scale", (groups, n))
+            if has_zp:
+                _expect_shape(ckpt, zp_name, (groups, -(-n // pack)))
+                _expect_dtype(ckpt, zp_name, packed_dtypes)
+        else:
+            _expect_shape(ckpt, f"{base}.weight", (n, -(-k // pack)))
+            _expect_dtype(ckpt, f"{base}.weight", packed_dtypes)
+            _expect_shape(ckpt, f"{base}.weight_scale", (n,), alternatives=[(n, 1)])
+            if has_zp:
+                _expect_shape(ckpt, zp_name, (-(-n // pack),), alternatives=[(-(-n // pack), 1)])
+                _expect_dtype(ckpt, zp_name, packed_dtypes)
+        _expect_dtype(ckpt, f"{base}.weight_scale", ("F32", "F16", "BF16"))
 
     @classmethod
     def load(cls, plan: LinearPlan, ckpt, pack_method: str) -> IntWeight:
@@ -113,7 +135,7 @@ class IntWeightOnly(Scheme):
         has_zp = zp_name in ckpt
         if _is_fake(ckpt, base):
             wf = ckpt.get_f32(f"{base}.weight")
-            scale = ckpt.get_f32(f"{base}.weight_scale").reshape(n, groups)
+            scale = ckpt.get_scale(f"{base}.weight_scale").reshape(n, groups)
             zp = (ckpt.get(zp_name).astype(np.int16).reshape(n, groups) if has_zp
                   else np.zeros((n, groups), np.int16))
             q = np.round(wf / np.repeat(scale, g, axis=1)) + np.repeat(zp, g, axis=1)
@@ -128,7 +150,7 @@ class IntWeightOnly(Scheme):
             q = unpack_int4_words(raw, pack_method, signed).astype(np.int16)
         else:
             q = raw.astype(np.int16)
-        scale = ckpt.get_f32(f"{base}.weight_scale")
+        scale = ckpt.get_scale(f"{base}.weight_scale")
         if w.qscheme == "per_group":
             q = q[:, :n].T                        # [in, out] -> [out, in]
             scale = scale.T.reshape(n, groups)
