@@ -6,7 +6,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import arch as arch_registry
@@ -49,7 +49,7 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
     if not source.is_dir():
         raise ConversionError("input model folder not found", file=source)
     options = options or BuildOptions()
-    ep = get_ep(ep_name)
+    ep = apply_ep_overrides(get_ep(ep_name), options)
     io = precision or ep.default_precision
     if io not in ep.precisions:
         raise ConversionError(f"precision not supported on {ep.name}", field="--precision", value=io,
@@ -89,6 +89,23 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
     from .attention_plan import choose_attention  # late import: attention variants register themselves
     choose_attention(model_plan, ckpt)
     return model_plan, ckpt
+
+
+# --extra_options keys that override an EP profile's choice of emitted form, with the values they take.
+EP_OVERRIDES = {"fp8_linear": ("dequantized_weight", "qdq", "matmul_block_fp8"),
+                "fp4_linear": ("matmul_nbits8", "native", "dq_fp8", "dense")}
+
+
+def apply_ep_overrides(ep: EPConfig, options: BuildOptions) -> EPConfig:
+    """The EP profile with the user's per-scheme form choices applied (validated before anything is written)."""
+    for key, allowed in EP_OVERRIDES.items():
+        if key in options.extra:
+            value = options.extra[key]
+            if value not in allowed:
+                raise ConversionError(f"unknown {key}", field=f"--extra_options {key}", value=value,
+                                      accepted=", ".join(allowed))
+            ep = replace(ep, **{key: value})
+    return ep
 
 
 def check_float_tensor(ckpt: Checkpoint, tensor: str, shape: tuple[int, ...]) -> None:

@@ -160,3 +160,10 @@ def test_convert_twice_byte_identical(tmp_path):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     cfg = json.loads((tmp_path / "a" / "genai_config.json").read_text())
     assert cfg["model"]["decoder"]["filename"] == "model.onnx"
+
+
+def test_ep_form_overrides_are_validated_and_shown(tmp_path):
+    src = write_synthetic_export(tmp_path / "src")
+    r = run_builder("-i", src, "-o", tmp_path / "out", "--extra_options", "fp8_linear=fast")
+    assert r.returncode == 2 and "--extra_options fp8_linear='fast'" in r.stderr and "qdq" in r.stderr
+    assert not (tmp_path / "out").exists()
