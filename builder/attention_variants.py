@@ -46,7 +46,8 @@ def read_layer_scales(model_plan, ckpt) -> list[LayerScales]:
         found = {}
         for proj in ("q", "k", "v"):
             name = f"{attn}.{proj}_proj"
-            spec = model_plan.linears[name].spec
+            plan = model_plan.linears.get(name)  # absent for fused-module families (Phi-3's qkv_proj)
+            spec = plan.spec if plan is not None else None
             if spec is None or not spec.output_tensors:
                 continue
             _check_output_spec(spec.output_tensors, name, cfg_file, f"{spec.source}.output_tensors")

@@ -42,6 +42,7 @@ class DecoderHyper:
     bos_token_id: int | None
     eos_token_id: int | list | None
     pad_token_id: int | None
+    partial_rotary_factor: float = 1.0  # rotary_dim = int(head_dim * factor); read by families that support it
 
 
 def read_hyper(cfg: dict, architecture: str, model_type: str, config_file: str) -> DecoderHyper:
@@ -82,7 +83,12 @@ def read_hyper(cfg: dict, architecture: str, model_type: str, config_file: str) 
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         sliding_window=int(sliding) if sliding else -1,
         bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"),
-        pad_token_id=cfg.get("pad_token_id"))
+        pad_token_id=cfg.get("pad_token_id"),
+        partial_rotary_factor=float(_first_set(rope.get("partial_rotary_factor"), cfg.get("partial_rotary_factor"), 1.0)))
+
+
+def _first_set(*values):
+    return next(v for v in values if v is not None)
 
 
 def _uniform_sliding_window(cfg: dict, window: int | None, num_layers: int, config_file: str) -> int | None:
