@@ -137,9 +137,15 @@ def test_sliding_window_follows_transformers(overrides, window):
 
 @pytest.mark.parametrize("overrides", [{"use_sliding_window": True},  # layers >= max_window_layers=2 windowed
                                        {"use_sliding_window": True,
-                                        "layer_types": ["full_attention", "sliding_attention"] * 2}])
-def test_mixed_sliding_window_layers_are_refused(overrides):
+                                        "layer_types": ["full_attention", "full_attention", "sliding_attention",
+                                                        "sliding_attention"]}])
+def test_mixed_sliding_window_layers_get_their_own_window(overrides):
     cfg = dict(QWEN3_CFG, max_window_layers=2, **{k: v for k, v in overrides.items()})
-    with pytest.raises(ConversionError, match="mix of sliding-window and full-attention") as err:
+    hp = read_hyper(cfg, "Qwen3ForCausalLM", "qwen3", "config.json")
+    assert [hp.layer_window(i) for i in range(4)] == [-1, -1, 48, 48] and not hp.uniform_window
+
+
+def test_bad_layer_types_are_refused():
+    cfg = dict(QWEN3_CFG, use_sliding_window=True, layer_types=["sliding_attention", "chunked"])
+    with pytest.raises(ConversionError, match="layer_types"):
         read_hyper(cfg, "Qwen3ForCausalLM", "qwen3", "config.json")
-    assert "layer_types='2 of 4 sliding_attention'" in str(err.value)

@@ -38,11 +38,22 @@ class DecoderHyper:
     rope_theta: float
     rope_scaling: dict | None
     tie_word_embeddings: bool
-    sliding_window: int        # -1: none
+    sliding_window: int        # -1: none; the window of every windowed layer (see windowed_layers)
     bos_token_id: int | None
     eos_token_id: int | list | None
     pad_token_id: int | None
     partial_rotary_factor: float = 1.0  # rotary_dim = int(head_dim * factor); read by families that support it
+    windowed_layers: tuple[bool, ...] | None = None  # None: every layer follows sliding_window
+
+    def layer_window(self, i: int) -> int:
+        """GroupQueryAttention local_window_size of layer i (-1: full attention)."""
+        if self.windowed_layers is None or self.windowed_layers[i]:
+            return self.sliding_window
+        return -1
+
+    @property
+    def uniform_window(self) -> bool:
+        return self.windowed_layers is None or len(set(self.windowed_layers)) <= 1
 
 
 def read_hyper(cfg: dict, architecture: str, model_type: str, config_file: str) -> DecoderHyper:
@@ -71,9 +82,12 @@ def read_hyper(cfg: dict, architecture: str, model_type: str, config_file: str) 
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
     scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    windowed = None
     if model_type in PER_LAYER_WINDOW_TYPES:  # transformers: use_sliding_window defaults to false there
         sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", False) else None
-        sliding = _uniform_sliding_window(cfg, sliding, positive("num_layers"), config_file)
+        windowed = _windowed_layers(cfg, sliding, positive("num_layers"), config_file)
+        if windowed is not None and not any(windowed):  # no layer windowed: no window at all
+            sliding, windowed = None, None
     return DecoderHyper(
         architecture=architecture, model_type=model_type, hidden_size=hidden,
         intermediate_size=positive("intermediate_size"), num_layers=positive("num_layers"), num_heads=heads,
@@ -84,17 +98,17 @@ def read_hyper(cfg: dict, architecture: str, model_type: str, config_file: str) 
         sliding_window=int(sliding) if sliding else -1,
         bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"),
         pad_token_id=cfg.get("pad_token_id"),
-        partial_rotary_factor=float(_first_set(rope.get("partial_rotary_factor"), cfg.get("partial_rotary_factor"), 1.0)))
+        partial_rotary_factor=float(_first_set(rope.get("partial_rotary_factor"), cfg.get("partial_rotary_factor"), 1.0)),
+        windowed_layers=windowed)
 
 
 def _first_set(*values):
     return next(v for v in values if v is not None)
 
 
-def _uniform_sliding_window(cfg: dict, window: int | None, num_layers: int, config_file: str) -> int | None:
-    """The one sliding window every layer uses, or None. transformers windows only the layers whose `layer_types`
-    entry is "sliding_attention" (without layer_types: layers >= max_window_layers when use_sliding_window);
-    a mix of windowed and full layers would need a per-layer window: refused."""
+def _windowed_layers(cfg: dict, window: int | None, num_layers: int, config_file: str) -> tuple[bool, ...] | None:
+    """Which layers use the sliding window, as transformers decides: the layers whose `layer_types` entry is
+    "sliding_attention" (without layer_types: layers >= max_window_layers). None: all of them (or no window)."""
     if not window:
         return None
     types = cfg.get("layer_types")
@@ -102,12 +116,9 @@ def _uniform_sliding_window(cfg: dict, window: int | None, num_layers: int, conf
         types = ["sliding_attention" if i >= cfg["max_window_layers"] else "full_attention"
                  for i in range(num_layers)]
     if types is None:
-        return window
-    windowed = {t == "sliding_attention" for t in types}
-    if windowed == {True}:
-        return window
-    if windowed == {False}:
         return None
-    raise ConversionError("a mix of sliding-window and full-attention layers is not supported", file=config_file,
-                          field="layer_types", value=f"{sum(t == 'sliding_attention' for t in types)} of "
-                          f"{len(types)} sliding_attention", accepted="all full_attention or all sliding_attention")
+    if len(types) != num_layers or not set(types) <= {"sliding_attention", "full_attention"}:
+        raise ConversionError("layer_types must name every layer sliding_attention or full_attention",
+                              file=config_file, field="layer_types", value=types)
+    windowed = tuple(t == "sliding_attention" for t in types)
+    return None if all(windowed) else windowed

@@ -92,5 +92,5 @@ def default_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, sha
     """GroupQueryAttention; extra_inputs follow sin_cache (position_ids, attention_bias, head_sink, k_scale, ...)."""
     return group_query_attention(ctx, q, k, v, past_k, past_v, present_k, present_v, shared,
                                  num_heads=hp.num_heads, kv_heads=hp.num_kv_heads, head_dim=hp.head_dim,
-                                 local_window=hp.sliding_window, prefix=f"/model/layers.{i}/attn",
+                                 local_window=hp.layer_window(i), prefix=f"/model/layers.{i}/attn",
                                  extra_inputs=extra_inputs, extra_attrs=extra_attrs)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ConversionError
+
 from .qdq import qdq_static
 
 
@@ -67,6 +69,10 @@ def shared_values(ctx, shared, hp, prefix: str = "/model/fp8_attn") -> SharedAtt
     q_abs = g.op("Unsqueeze", [g.op("Range", [past, total, one], f"{prefix}/query_index"), i64("q_ax", [1])],
                  f"{prefix}/query_index/Unsqueeze")
     allowed = g.op("LessOrEqual", [k_idx, q_abs], f"{prefix}/causal")          # [S, T]
+    if not hp.uniform_window:  # one mask serves every layer
+        raise ConversionError("FP8 attention with a mix of sliding-window and full-attention layers is not "
+                              "supported", field="layer_types", value=f"{sum(hp.windowed_layers)} of "
+                              f"{len(hp.windowed_layers)} sliding_attention", accepted="fp8_attention=off")
     if hp.sliding_window and hp.sliding_window > 0:
         lo = g.op("Sub", [q_abs, g.scalar(f"{prefix}/window", hp.sliding_window, np.int64)], f"{prefix}/win_lo")
         allowed = g.op("And", [allowed, g.op("Greater", [k_idx, lo], f"{prefix}/in_window")], f"{prefix}/windowed")
