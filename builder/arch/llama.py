@@ -45,7 +45,8 @@ def float_tensors(hp: DecoderHyper) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
+def build_graph(ctx, hp: DecoderHyper, plans: dict, attention, *, project_qkv=None, mlp=None,
+                rotary_dim: int | None = None) -> None:
     """Emit the whole decoder. `plans` maps module name -> LinearPlan; `attention(ctx, layer, q, k, v, ...)`
     emits one layer's attention core (GQA, or an FP8 attention subgraph). An attention callable with a
     `cache_elem_type` attribute (ONNX element type) declares past/present in that type instead of the io type."""
@@ -56,7 +57,9 @@ def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
     kv_shape = ["batch_size", hp.num_kv_heads, "past_sequence_length", hp.head_dim]
     present_shape = ["batch_size", hp.num_kv_heads, "total_sequence_length", hp.head_dim]
     seqlens, total_len = attention_mask_inputs(ctx, mask)
-    cos, sin = cos_sin_caches(hp.head_dim, hp.max_positions, hp.rope_theta, hp.rope_scaling, str(ctx.source))
+    project_qkv, mlp = project_qkv or llama_qkv, mlp or llama_mlp
+    cos, sin = cos_sin_caches(rotary_dim or hp.head_dim, hp.max_positions, hp.rope_theta, hp.rope_scaling,
+                              str(ctx.source))
     shared = AttentionInputs(seqlens, total_len, g.initializer("cos_cache", cos.astype(ctx.io_np)),
                              g.initializer("sin_cache", sin.astype(ctx.io_np)))
 
@@ -66,8 +69,7 @@ def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
                  "/model/layers.0/input_layernorm/SimplifiedLayerNorm")
     for i in range(hp.num_layers):
         pre = f"model.layers.{i}"
-        q, k, v = emit_linears(ctx, [plans[f"{pre}.self_attn.{p}"] for p in ("q_proj", "k_proj", "v_proj")], x,
-                               f"{pre}.self_attn.qkv_proj", f"/model/layers.{i}/attn/qkv_proj")
+        q, k, v = project_qkv(ctx, i, x, plans, hp)
         past_k = g.input(f"past_key_values.{i}.key", cache_t, kv_shape)
         past_v = g.input(f"past_key_values.{i}.value", cache_t, kv_shape)
         present_k = g.output(f"present.{i}.key", cache_t, present_shape)
@@ -76,8 +78,7 @@ def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
         attn_out = emit_linear(ctx, plans[f"{pre}.self_attn.o_proj"], attn)
         x, residual = skip_rms_norm(ctx, attn_out, residual, f"{pre}.post_attention_layernorm.weight",
                                     hp.rms_norm_eps, f"/model/layers.{i}/post_attention_layernorm/SkipLayerNorm")
-        mlp_out = silu_mlp(ctx, x, plans[f"{pre}.mlp.gate_proj"], plans[f"{pre}.mlp.up_proj"],
-                           plans[f"{pre}.mlp.down_proj"], f"/model/layers.{i}/mlp")
+        mlp_out = mlp(ctx, i, x, plans, hp)
         last = i == hp.num_layers - 1
         norm_w = "model.norm.weight" if last else f"model.layers.{i + 1}.input_layernorm.weight"
         norm_name = "/model/norm/SkipLayerNorm" if last else f"/model/layers.{i + 1}/input_layernorm/SkipLayerNorm"
@@ -85,6 +86,19 @@ def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
     logits = emit_linear(ctx, plans["lm_head"], x)
     g.node("Identity", [logits], "/lm_head/logits", outputs=["logits"])
     g.output("logits", io, ["batch_size", "sequence_length", hp.vocab_size])
+
+
+def llama_qkv(ctx, i: int, x: str, plans: dict, hp: DecoderHyper) -> tuple[str, str, str]:
+    """Separate q/k/v_proj modules (fused into one matmul when their schemes agree)."""
+    pre = f"model.layers.{i}.self_attn"
+    return emit_linears(ctx, [plans[f"{pre}.{p}"] for p in ("q_proj", "k_proj", "v_proj")], x,
+                        f"{pre}.qkv_proj", f"/model/layers.{i}/attn/qkv_proj")
+
+
+def llama_mlp(ctx, i: int, x: str, plans: dict, hp: DecoderHyper) -> str:
+    pre = f"model.layers.{i}.mlp"
+    return silu_mlp(ctx, x, plans[f"{pre}.gate_proj"], plans[f"{pre}.up_proj"], plans[f"{pre}.down_proj"],
+                    f"/model/layers.{i}/mlp")
 
 
 def default_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp, *,

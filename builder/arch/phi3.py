@@ -16,10 +16,7 @@ length, which fixed caches cannot express), activations other than SiLU.
 from __future__ import annotations
 
 from ..errors import ConversionError
-from ..ops.attention import AttentionInputs, attention_mask_inputs
 from ..ops.linear import emit_linear
-from ..ops.norm import rms_norm, skip_rms_norm
-from ..ops.rotary import cos_sin_caches
 from . import llama
 from .base import DecoderHyper
 
@@ -75,44 +72,20 @@ def _split(ctx, y: str, sizes: list[int], name: str, prefix: str) -> list[str]:
 
 
 def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
-    """Emit the whole decoder (same inputs/outputs and attention contract as llama.build_graph)."""
-    g, io = ctx.graph, ctx.io_type
-    cache_t = getattr(attention, "cache_elem_type", None) or io
-    input_ids = g.input("input_ids", 7, ["batch_size", "sequence_length"])
-    mask = g.input("attention_mask", 7, ["batch_size", "total_sequence_length"])
-    kv_shape = ["batch_size", hp.num_kv_heads, "past_sequence_length", hp.head_dim]
-    present_shape = ["batch_size", hp.num_kv_heads, "total_sequence_length", hp.head_dim]
-    seqlens, total_len = attention_mask_inputs(ctx, mask)
-    cos, sin = cos_sin_caches(rotary_dim(hp), hp.max_positions, hp.rope_theta, hp.rope_scaling, str(ctx.source))
-    shared = AttentionInputs(seqlens, total_len, g.initializer("cos_cache", cos.astype(ctx.io_np)),
-                             g.initializer("sin_cache", sin.astype(ctx.io_np)))
-    q_out, kv_out = hp.num_heads * hp.head_dim, hp.num_kv_heads * hp.head_dim
+    """llama.build_graph with Phi-3's fused modules and partial rotary."""
+    llama.build_graph(ctx, hp, plans, attention, project_qkv=phi3_qkv, mlp=phi3_mlp, rotary_dim=rotary_dim(hp))
 
-    embed = ctx.float_initializer("model.embed_tokens.weight", "model.embed_tokens.weight")
-    residual = g.op("Gather", [embed, input_ids], "/model/embed_tokens/Gather")
-    x = rms_norm(ctx, residual, "model.layers.0.input_layernorm.weight", hp.rms_norm_eps,
-                 "/model/layers.0/input_layernorm/SimplifiedLayerNorm")
-    for i in range(hp.num_layers):
-        pre, p = f"model.layers.{i}", f"/model/layers.{i}"
-        qkv = plans[f"{pre}.self_attn.qkv_proj"]
-        q, k, v = _split(ctx, emit_linear(ctx, qkv, x), [q_out, kv_out, kv_out], qkv.name, qkv.node_prefix)
-        past_k = g.input(f"past_key_values.{i}.key", cache_t, kv_shape)
-        past_v = g.input(f"past_key_values.{i}.value", cache_t, kv_shape)
-        present_k = g.output(f"present.{i}.key", cache_t, present_shape)
-        present_v = g.output(f"present.{i}.value", cache_t, present_shape)
-        attn = attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp)
-        attn_out = emit_linear(ctx, plans[f"{pre}.self_attn.o_proj"], attn)
-        x, residual = skip_rms_norm(ctx, attn_out, residual, f"{pre}.post_attention_layernorm.weight",
-                                    hp.rms_norm_eps, f"{p}/post_attention_layernorm/SkipLayerNorm")
-        gate_up = plans[f"{pre}.mlp.gate_up_proj"]
-        gate, up = _split(ctx, emit_linear(ctx, gate_up, x), [hp.intermediate_size] * 2, gate_up.name,
-                          gate_up.node_prefix)
-        act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}/mlp/act_fn/Sigmoid")], f"{p}/mlp/act_fn/Mul")
-        mlp_out = emit_linear(ctx, plans[f"{pre}.mlp.down_proj"], g.op("Mul", [act, up], f"{p}/mlp/Mul"))
-        last = i == hp.num_layers - 1
-        norm_w = "model.norm.weight" if last else f"model.layers.{i + 1}.input_layernorm.weight"
-        norm_name = "/model/norm/SkipLayerNorm" if last else f"/model/layers.{i + 1}/input_layernorm/SkipLayerNorm"
-        x, residual = skip_rms_norm(ctx, mlp_out, residual, norm_w, hp.rms_norm_eps, norm_name)
-    logits = emit_linear(ctx, plans["lm_head"], x)
-    g.node("Identity", [logits], "/lm_head/logits", outputs=["logits"])
-    g.output("logits", io, ["batch_size", "sequence_length", hp.vocab_size])
+
+def phi3_qkv(ctx, i: int, x: str, plans: dict, hp: DecoderHyper) -> tuple[str, str, str]:
+    qkv = plans[f"model.layers.{i}.self_attn.qkv_proj"]
+    q_out, kv_out = hp.num_heads * hp.head_dim, hp.num_kv_heads * hp.head_dim
+    return tuple(_split(ctx, emit_linear(ctx, qkv, x), [q_out, kv_out, kv_out], qkv.name, qkv.node_prefix))
+
+
+def phi3_mlp(ctx, i: int, x: str, plans: dict, hp: DecoderHyper) -> str:
+    g, p = ctx.graph, f"/model/layers.{i}/mlp"
+    gate_up = plans[f"model.layers.{i}.mlp.gate_up_proj"]
+    gate, up = _split(ctx, emit_linear(ctx, gate_up, x), [hp.intermediate_size] * 2, gate_up.name,
+                      gate_up.node_prefix)
+    act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}/act_fn/Sigmoid")], f"{p}/act_fn/Mul")
+    return emit_linear(ctx, plans[f"model.layers.{i}.mlp.down_proj"], g.op("Mul", [act, up], f"{p}/Mul"))
