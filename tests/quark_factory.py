@@ -39,6 +39,19 @@ ARCH_CLASSES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),  # key = Quark's LLMTemplate name
+}
+# Gemma settings that make every difference from Llama visible in a 2-layer, 8-token model: sliding window 4 on
+# layer 0 only, attention scale 24**-0.5 != head_dim**-0.5, softcaps small enough to bend the logits (Gemma2),
+# a local rope theta and a linearly scaled global rope (Gemma3). Norm weights are randomized (HF inits them to 0,
+# i.e. a scale of 1 + 0) so that the (1 + w) convention is tested.
+GEMMA_KWARGS = {
+    "gemma2": dict(sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                   final_logit_softcapping=3.0, layer_types=["sliding_attention", "full_attention"],
+                   pad_token_id=0),
+    "gemma3_text": dict(sliding_window=4, query_pre_attn_scalar=24, layer_types=["sliding_attention", "full_attention"],
+                        pad_token_id=0),
 }
 BOS_ID, EOS_ID = 1, 2
 
@@ -92,6 +105,12 @@ class TinyModelSpec:
             kwargs["sliding_window"] = None
         if self.arch in ("qwen2", "qwen3"):
             kwargs["use_sliding_window"] = False
+        if self.arch in GEMMA_KWARGS:
+            kwargs.update(GEMMA_KWARGS[self.arch])
+        if self.arch == "gemma3_text":
+            kwargs["rope_parameters"] = {
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": self.rope_theta},
+                "sliding_attention": {"rope_type": "default", "rope_theta": self.rope_theta / 10}}
         if self.arch == "phi3":  # Phi3Config's defaults: pad_token_id 32000 (> tiny vocab), no sliding window
             kwargs.update(pad_token_id=None, sliding_window=None)
         cfg = config_cls(**kwargs)
@@ -204,6 +223,11 @@ SHAPES: dict[str, TinyModelSpec] = {
     "phi3": TinyModelSpec(arch="phi3", seed=3),
     # head_dim 32: room for a partial rotary (rotary_dim 16) that ORT's GroupQueryAttention accepts
     "phi3_hd32": TinyModelSpec(arch="phi3", head_dim=32, seed=3),
+    # sqrt(hidden) embedding scale, 4 (1 + w) norms per layer, GELU-tanh MLP, query_pre_attn_scalar, attention and
+    # final logit softcaps, sliding window 4 on layer 0 (GEMMA_KWARGS)
+    "gemma2": TinyModelSpec(arch="gemma2", head_dim=16),
+    # + q/k norms, local rope theta on the windowed layer, linear rope scaling on the global one
+    "gemma3": TinyModelSpec(arch="gemma3_text", head_dim=16),
 }
 
 
@@ -357,6 +381,12 @@ def _new_model(spec: TinyModelSpec, torch_dtype, tie: bool | None = None):
         cfg.tie_word_embeddings = tie
     # _from_config builds in cfg.dtype; .to() makes the fp32 reference really fp32
     model = getattr(transformers, spec.model_class_name)._from_config(cfg, attn_implementation="eager")
+    if spec.arch in GEMMA_KWARGS:  # HF inits Gemma norms to 0 (scale 1 + 0): random ones test the 1 + w
+        gen = torch.Generator().manual_seed(spec.seed + 100)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.copy_(0.3 * torch.randn(p.shape, generator=gen))
     return model.to(torch_dtype).eval().requires_grad_(False)
 
 

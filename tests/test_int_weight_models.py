@@ -4,7 +4,7 @@ Covers every integer layout (uint4/int4 per-group and per-channel, pack_method r
 fake_quantized, int8/uint8 per-group and per-channel), per-layer overrides (lm_head g32, `*down_proj` wildcard),
 exclusions, a separately quantized lm_head next to tied embeddings, several shapes (q/kv heads differing,
 MHA, hidden 96 not a multiple of 128, q/k/v bias, Qwen2, Mistral, Qwen3 with head_dim != hidden/heads, Phi-3
-with fused qkv_proj/gate_up_proj modules) and bf16/fp16 checkpoints.
+with fused qkv_proj/gate_up_proj modules, Gemma2/Gemma3) and bf16/fp16 checkpoints.
 
 References, none computed by the converter:
   fp32 checkpoints: reference.npz logits/greedy of Quark's frozen fake-quantized model (tests/quark_factory.py);
@@ -36,6 +36,7 @@ FP32_RECIPES = ["uint4_g64", "uint4_g32", "uint4_g32_order",  # order: genai sil
 SHAPE_RECIPES = [(shape, recipe) for shape in ("llama_h96", "llama_mha", "llama_bias", "qwen2", "mistral", "qwen3",
                                                 "phi3")
                  for recipe in ("uint4_g32", "int4_g32", "int4_per_channel", "int8_wo_g32")]
+SHAPE_RECIPES += [(shape, recipe) for shape in ("gemma2", "gemma3") for recipe in ("uint4_g32", "int4_per_channel")]
 LOW_PRECISION = [("llama_h64_bf16", "uint4_g64"), ("llama_h64_bf16", "int4_g64"), ("llama_h64_fp16", "uint4_g64"),
                  ("llama_h64_fp16", "int8_wo_per_channel")]
 CASES = [("llama_h64", r) for r in FP32_RECIPES] + SHAPE_RECIPES + LOW_PRECISION

@@ -20,6 +20,9 @@ ALIASES = {
 
 # model types whose sliding window applies only to the layers that `layer_types` / `max_window_layers` mark
 PER_LAYER_WINDOW_TYPES = ("qwen2", "qwen3")
+# model types that always window by `layer_types` (no use_sliding_window switch); without layer_types, every
+# `sliding_window_pattern`-th layer is global (transformers' Gemma2Config / Gemma3TextConfig defaults)
+LAYER_TYPE_PATTERN_DEFAULTS = {"gemma2": 2, "gemma3_text": 6}
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,15 @@ class DecoderHyper:
     pad_token_id: int | None
     partial_rotary_factor: float = 1.0  # rotary_dim = int(head_dim * factor); read by families that support it
     windowed_layers: tuple[bool, ...] | None = None  # None: every layer follows sliding_window
+    # rope of the windowed layers when it differs from the global one (Gemma3 rope_local_base_freq /
+    # rope_parameters.sliding_attention): (theta, scaling or None); None: all layers share rope_theta/rope_scaling
+    sliding_rope: tuple[float, dict | None] | None = None
+    # set by a family's refine_hyper (Gemma): attention scale query_pre_attn_scalar**-0.5 (None: head_dim**-0.5),
+    # tanh softcaps of the attention and final logits (0: none), MLP activation
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcap: float = 0.0
+    final_logit_softcap: float = 0.0
+    hidden_act: str = "silu"
 
     def layer_window(self, i: int) -> int:
         """GroupQueryAttention local_window_size of layer i (-1: full attention)."""
@@ -79,6 +91,14 @@ def read_hyper(cfg: dict, architecture: str, model_type: str, config_file: str) 
                               field="num_key_value_heads", value=kv)
     head_dim = cfg.get("head_dim") or hidden // heads
     rope = cfg.get("rope_parameters") or {}
+    sliding_rope = None
+    if "full_attention" in rope or "sliding_attention" in rope:  # per-layer-type rope (Gemma3 in transformers 5)
+        local = rope.get("sliding_attention") or {}
+        sliding_rope = (float(local.get("rope_theta", 10000.0)),
+                        local if local.get("rope_type", "default") != "default" else None)
+        rope = rope.get("full_attention") or {}
+    elif cfg.get("rope_local_base_freq") is not None:  # older Gemma3 config.json spelling
+        sliding_rope = (float(cfg["rope_local_base_freq"]), None)
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
     scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
@@ -87,6 +107,16 @@ def read_hyper(cfg: dict, architecture: str, model_type: str, config_file: str) 
         sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", False) else None
         windowed = _windowed_layers(cfg, sliding, positive("num_layers"), config_file)
         if windowed is not None and not any(windowed):  # no layer windowed: no window at all
+            sliding, windowed = None, None
+    elif model_type in LAYER_TYPE_PATTERN_DEFAULTS:
+        num_layers = positive("num_layers")
+        if sliding and cfg.get("layer_types") is None:
+            every = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
+                        or LAYER_TYPE_PATTERN_DEFAULTS[model_type])
+            cfg = {**cfg, "layer_types": ["sliding_attention" if (i + 1) % every else "full_attention"
+                                          for i in range(num_layers)]}
+        windowed = _windowed_layers(cfg, sliding, num_layers, config_file)
+        if windowed is not None and not any(windowed):
             sliding, windowed = None, None
     return DecoderHyper(
         architecture=architecture, model_type=model_type, hidden_size=hidden,
@@ -99,7 +129,7 @@ def read_hyper(cfg: dict, architecture: str, model_type: str, config_file: str) 
         bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"),
         pad_token_id=cfg.get("pad_token_id"),
         partial_rotary_factor=float(_first_set(rope.get("partial_rotary_factor"), cfg.get("partial_rotary_factor"), 1.0)),
-        windowed_layers=windowed)
+        windowed_layers=windowed, sliding_rope=sliding_rope)
 
 
 def _first_set(*values):
