@@ -160,6 +160,7 @@ def _explicit_fp8(scales: list[LayerScales], head_norms=None):
             q, k = head_norms(ctx, i, q, k, hp)
             s = LayerScales(v=s.v, prob=s.prob)
         return fp8_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, cache[key], hp, s)
+    attention.explicit_fp8 = True  # families without the explicit subgraph's features refuse it
     return attention
 
 

@@ -140,7 +140,7 @@ def _gelu_mlp(ctx, x: str, gate, up, down, prefix: str, approximate: str) -> str
 
 def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
     """Emit the whole decoder (same inputs/outputs and attention contract as llama.build_graph)."""
-    if "_explicit_fp8" in getattr(attention, "__qualname__", ""):
+    if getattr(attention, "explicit_fp8", False):
         raise ConversionError("FP8 attention (q_proj.output_scale / softmax quantization) is not supported for "
                               "Gemma: its explicit attention subgraph has no query_pre_attn_scalar, softcap or "
                               "per-layer rope", file=ctx.ckpt.model_dir, field="--extra_options fp8_attention",
