@@ -39,7 +39,9 @@ ARCH_CLASSES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
 }
+MOE_EXPERTS, MOE_TOP_K = 4, 2  # every "mixtral" spec (not TinyModelSpec fields: those would re-key every cache)
 BOS_ID, EOS_ID = 1, 2
 
 
@@ -88,8 +90,10 @@ class TinyModelSpec:
             kwargs["attention_bias"] = self.attention_bias
         elif self.attention_bias:
             raise ValueError(f"attention_bias applies to llama and qwen3 only (arch={self.arch!r})")
-        if self.arch == "mistral":
+        if self.arch in ("mistral", "mixtral"):
             kwargs["sliding_window"] = None
+        if self.arch == "mixtral":
+            kwargs.update(num_local_experts=MOE_EXPERTS, num_experts_per_tok=MOE_TOP_K)
         if self.arch in ("qwen2", "qwen3"):
             kwargs["use_sliding_window"] = False
         if self.arch == "phi3":  # Phi3Config's defaults: pad_token_id 32000 (> tiny vocab), no sliding window
@@ -204,6 +208,8 @@ SHAPES: dict[str, TinyModelSpec] = {
     "phi3": TinyModelSpec(arch="phi3", seed=3),
     # head_dim 32: room for a partial rotary (rotary_dim 16) that ORT's GroupQueryAttention accepts
     "phi3_hd32": TinyModelSpec(arch="phi3", head_dim=32, seed=3),
+    # sparse MoE, 4 experts top-2; Quark quantizes the per-expert linears that preprocess_for_quantization makes
+    "mixtral": TinyModelSpec(arch="mixtral", intermediate=64),
 }
 
 
@@ -360,6 +366,15 @@ def _new_model(spec: TinyModelSpec, torch_dtype, tie: bool | None = None):
     return model.to(torch_dtype).eval().requires_grad_(False)
 
 
+def _split_experts(model, spec: TinyModelSpec):
+    """MoE models: Quark's own preprocess (what its LLM PTQ flow runs) turns transformers 5's fused 3-D expert
+    parameters into one nn.Linear per expert and projection, the modules it quantizes and exports."""
+    if spec.arch == "mixtral":
+        from quark.torch.utils.llm.model_preparation import preprocess_for_quantization
+        preprocess_for_quantization(model)
+    return model
+
+
 def forward_logits(model, ids):
     import torch
 
@@ -412,6 +427,7 @@ def build_export(out: Path, spec: TinyModelSpec, recipe: QuantRecipe, prompt_len
 
     t1 = time.time()
     qconfig = build_quant_config(spec, recipe)
+    model = _split_experts(model, spec)
     quantizer = ModelQuantizer(qconfig)
     model = quantizer.quantize_model(model, DataLoader(calib, batch_size=None))
     model = quantizer.freeze(model)
@@ -426,7 +442,7 @@ def build_export(out: Path, spec: TinyModelSpec, recipe: QuantRecipe, prompt_len
     greedy, margins = torch_greedy(model, input_ids, new_tokens)
 
     # PyTorch fp32 model on Quark's dequantized weights (untied: a quantized lm_head is its own tensor)
-    plain = _new_model(spec, torch.float32, tie=False)
+    plain = _split_experts(_new_model(spec, torch.float32, tie=False), spec)
     params = {n: p.detach().float() for n, p in model.named_parameters()}
     # not model.weight: for two-stage schemes (nvfp4) freeze leaves the float weight there
     params.update({f"{name}.weight": torch.from_numpy(w) for name, w in dequant.items()})

@@ -4,10 +4,11 @@ from __future__ import annotations
 from types import ModuleType
 
 from ..errors import ConversionError
-from . import llama, phi3, qwen3
+from . import llama, mixtral, phi3, qwen3
 from .base import DecoderHyper, read_hyper
 
-FAMILIES: dict[str, ModuleType] = {name: module for module in (llama, qwen3, phi3) for name in module.MODEL_TYPES}
+FAMILIES: dict[str, ModuleType] = {name: module for module in (llama, qwen3, phi3, mixtral)
+                                   for name in module.MODEL_TYPES}
 
 
 def family_for(cfg: dict, config_file: str) -> tuple[ModuleType, DecoderHyper]:
@@ -18,6 +19,8 @@ def family_for(cfg: dict, config_file: str) -> tuple[ModuleType, DecoderHyper]:
                               accepted=", ".join(sorted(FAMILIES)))
     module = FAMILIES[arch]
     hp = read_hyper(cfg, arch, module.MODEL_TYPES[arch], config_file)
+    if hasattr(module, "extend_hyper"):  # family-specific hyper-parameters (mixtral: expert counts)
+        hp = module.extend_hyper(cfg, hp, config_file)
     if hasattr(module, "check_config"):  # what a family cannot express, refused before any tensor is read
         module.check_config(cfg, hp, config_file)
     return module, hp
