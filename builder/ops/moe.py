@@ -8,6 +8,13 @@ renormalized top-k probabilities (zero for the experts not picked) weight the su
 As transformers' MixtralSparseMoeBlock at inference: softmax over the router logits in fp32, top-k, renormalize to
 sum 1. Exact (a non-selected expert gets weight 0 exactly), and made only of ops every EP runs; the price is that
 all E experts are computed (E/k times the expert FLOPs of a routed kernel), fine for small models and correctness.
+
+Faster form not done yet (measured on onnxruntime 1.32 CPU with a numpy reference, not wired in): com.microsoft QMoE
+runs on CPU with activation_type="swiglu", swiglu_fusion=1 (gate/up rows interleaved g0,u0,g1,u1...; 0 and 2 are
+refused on CPU), activation_alpha=1, activation_beta=0, normalize_routing_weights=1, router_probs = the router
+logits (softmax + top-k + renormalize inside), expert_weight_bits=4, block_size=32: weights uint8 [E, N, K/2] and
+scales [E, N, K/block] and packed zero points [E, N, K/block/2] in MatMulNBits' per-row layout; max |diff| 3.6e-7.
+The float MoE op needs the same interleaved fc1 (its separate fc3 input is "not implemented for CPU MoE").
 """
 from __future__ import annotations
 
