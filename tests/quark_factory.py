@@ -41,6 +41,7 @@ ARCH_CLASSES = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),  # key = Quark's LLMTemplate name
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
 }
 # Gemma settings that make every difference from Llama visible in a 2-layer, 8-token model: sliding window 4 on
 # layer 0 only, attention scale 24**-0.5 != head_dim**-0.5, softcaps small enough to bend the logits (Gemma2),
@@ -53,6 +54,7 @@ GEMMA_KWARGS = {
     "gemma3_text": dict(sliding_window=4, query_pre_attn_scalar=24, layer_types=["sliding_attention", "full_attention"],
                         pad_token_id=0),
 }
+MOE_EXPERTS, MOE_TOP_K = 4, 2  # every "mixtral" spec (not TinyModelSpec fields: those would re-key every cache)
 BOS_ID, EOS_ID = 1, 2
 
 
@@ -101,8 +103,10 @@ class TinyModelSpec:
             kwargs["attention_bias"] = self.attention_bias
         elif self.attention_bias:
             raise ValueError(f"attention_bias applies to llama and qwen3 only (arch={self.arch!r})")
-        if self.arch == "mistral":
+        if self.arch in ("mistral", "mixtral"):
             kwargs["sliding_window"] = None
+        if self.arch == "mixtral":
+            kwargs.update(num_local_experts=MOE_EXPERTS, num_experts_per_tok=MOE_TOP_K)
         if self.arch in ("qwen2", "qwen3"):
             kwargs["use_sliding_window"] = False
         if self.arch in GEMMA_KWARGS:
@@ -228,6 +232,8 @@ SHAPES: dict[str, TinyModelSpec] = {
     "gemma2": TinyModelSpec(arch="gemma2", head_dim=16),
     # + q/k norms, local rope theta on the windowed layer, linear rope scaling on the global one
     "gemma3": TinyModelSpec(arch="gemma3_text", head_dim=16),
+    # sparse MoE, 4 experts top-2; Quark quantizes the per-expert linears that preprocess_for_quantization makes
+    "mixtral": TinyModelSpec(arch="mixtral", intermediate=64),
 }
 
 
@@ -390,6 +396,15 @@ def _new_model(spec: TinyModelSpec, torch_dtype, tie: bool | None = None):
     return model.to(torch_dtype).eval().requires_grad_(False)
 
 
+def _split_experts(model, spec: TinyModelSpec):
+    """MoE models: Quark's own preprocess (what its LLM PTQ flow runs) turns transformers 5's fused 3-D expert
+    parameters into one nn.Linear per expert and projection, the modules it quantizes and exports."""
+    if spec.arch == "mixtral":
+        from quark.torch.utils.llm.model_preparation import preprocess_for_quantization
+        preprocess_for_quantization(model)
+    return model
+
+
 def forward_logits(model, ids):
     import torch
 
@@ -442,6 +457,7 @@ def build_export(out: Path, spec: TinyModelSpec, recipe: QuantRecipe, prompt_len
 
     t1 = time.time()
     qconfig = build_quant_config(spec, recipe)
+    model = _split_experts(model, spec)
     quantizer = ModelQuantizer(qconfig)
     model = quantizer.quantize_model(model, DataLoader(calib, batch_size=None))
     model = quantizer.freeze(model)
@@ -456,7 +472,7 @@ def build_export(out: Path, spec: TinyModelSpec, recipe: QuantRecipe, prompt_len
     greedy, margins = torch_greedy(model, input_ids, new_tokens)
 
     # PyTorch fp32 model on Quark's dequantized weights (untied: a quantized lm_head is its own tensor)
-    plain = _new_model(spec, torch.float32, tie=False)
+    plain = _split_experts(_new_model(spec, torch.float32, tie=False), spec)
     params = {n: p.detach().float() for n, p in model.named_parameters()}
     # not model.weight: for two-stage schemes (nvfp4) freeze leaves the float weight there
     params.update({f"{name}.weight": torch.from_numpy(w) for name, w in dequant.items()})

@@ -37,6 +37,7 @@ SHAPE_RECIPES = [(shape, recipe) for shape in ("llama_h96", "llama_mha", "llama_
                                                 "phi3")
                  for recipe in ("uint4_g32", "int4_g32", "int4_per_channel", "int8_wo_g32")]
 SHAPE_RECIPES += [(shape, recipe) for shape in ("gemma2", "gemma3") for recipe in ("uint4_g32", "int4_per_channel")]
+SHAPE_RECIPES += [("mixtral", "uint4_g32"), ("mixtral", "int4_per_channel")]  # dense MoE (builder/ops/moe.py)
 LOW_PRECISION = [("llama_h64_bf16", "uint4_g64"), ("llama_h64_bf16", "int4_g64"), ("llama_h64_fp16", "uint4_g64"),
                  ("llama_h64_fp16", "int8_wo_per_channel")]
 CASES = [("llama_h64", r) for r in FP32_RECIPES] + SHAPE_RECIPES + LOW_PRECISION

@@ -4,10 +4,11 @@ from __future__ import annotations
 from types import ModuleType
 
 from ..errors import ConversionError
-from . import gemma, llama, phi3, qwen3
+from . import gemma, llama, mixtral, phi3, qwen3
 from .base import DecoderHyper, read_hyper
 
-FAMILIES: dict[str, ModuleType] = {name: module for module in (llama, qwen3, phi3, gemma) for name in module.MODEL_TYPES}
+FAMILIES: dict[str, ModuleType] = {name: module for module in (llama, qwen3, phi3, gemma, mixtral)
+                                   for name in module.MODEL_TYPES}
 
 
 def family_for(cfg: dict, config_file: str) -> tuple[ModuleType, DecoderHyper]:
@@ -19,7 +20,7 @@ def family_for(cfg: dict, config_file: str) -> tuple[ModuleType, DecoderHyper]:
     module = FAMILIES[arch]
     hp = read_hyper(cfg, arch, module.MODEL_TYPES[arch], config_file)
     if hasattr(module, "refine_hyper"):  # family-specific hyper-parameters, validated, as a new DecoderHyper
-        hp = module.refine_hyper(cfg, hp, config_file)
+        hp = module.refine_hyper(cfg, hp, config_file)  # (gemma: softcaps, local rope; mixtral: experts)
     if hasattr(module, "check_config"):  # what a family cannot express, refused before any tensor is read
         module.check_config(cfg, hp, config_file)
     return module, hp
