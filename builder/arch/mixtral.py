@@ -23,11 +23,7 @@ from pathlib import Path
 
 from ..checkpoint import Checkpoint
 from ..errors import ConversionError
-from ..ops.attention import AttentionInputs, attention_mask_inputs
-from ..ops.linear import emit_linear, emit_linears
 from ..ops.moe import dense_moe
-from ..ops.norm import rms_norm, skip_rms_norm
-from ..ops.rotary import cos_sin_caches
 from . import llama
 from .base import DecoderHyper
 
@@ -98,41 +94,12 @@ def float_tensors(hp: MoEHyper) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def build_graph(ctx, hp: MoEHyper, plans: dict, attention) -> None:
-    """Emit the whole decoder (same inputs/outputs and attention contract as llama.build_graph)."""
-    g, io = ctx.graph, ctx.io_type
-    cache_t = getattr(attention, "cache_elem_type", None) or io
-    input_ids = g.input("input_ids", 7, ["batch_size", "sequence_length"])
-    mask = g.input("attention_mask", 7, ["batch_size", "total_sequence_length"])
-    kv_shape = ["batch_size", hp.num_kv_heads, "past_sequence_length", hp.head_dim]
-    present_shape = ["batch_size", hp.num_kv_heads, "total_sequence_length", hp.head_dim]
-    seqlens, total_len = attention_mask_inputs(ctx, mask)
-    cos, sin = cos_sin_caches(hp.head_dim, hp.max_positions, hp.rope_theta, hp.rope_scaling, str(ctx.source))
-    shared = AttentionInputs(seqlens, total_len, g.initializer("cos_cache", cos.astype(ctx.io_np)),
-                             g.initializer("sin_cache", sin.astype(ctx.io_np)))
+    """llama.build_graph with the sparse MoE block in place of the MLP."""
+    llama.build_graph(ctx, hp, plans, attention, mlp=moe_mlp)
 
-    embed = ctx.float_initializer("model.embed_tokens.weight", "model.embed_tokens.weight")
-    residual = g.op("Gather", [embed, input_ids], "/model/embed_tokens/Gather")
-    x = rms_norm(ctx, residual, "model.layers.0.input_layernorm.weight", hp.rms_norm_eps,
-                 "/model/layers.0/input_layernorm/SimplifiedLayerNorm")
-    for i in range(hp.num_layers):
-        pre, p = f"model.layers.{i}", f"/model/layers.{i}"
-        q, k, v = emit_linears(ctx, [plans[f"{pre}.self_attn.{n}"] for n in ("q_proj", "k_proj", "v_proj")], x,
-                               f"{pre}.self_attn.qkv_proj", f"{p}/attn/qkv_proj")
-        past_k = g.input(f"past_key_values.{i}.key", cache_t, kv_shape)
-        past_v = g.input(f"past_key_values.{i}.value", cache_t, kv_shape)
-        present_k = g.output(f"present.{i}.key", cache_t, present_shape)
-        present_v = g.output(f"present.{i}.value", cache_t, present_shape)
-        attn = attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp)
-        attn_out = emit_linear(ctx, plans[f"{pre}.self_attn.o_proj"], attn)
-        x, residual = skip_rms_norm(ctx, attn_out, residual, f"{pre}.post_attention_layernorm.weight",
-                                    hp.rms_norm_eps, f"{p}/post_attention_layernorm/SkipLayerNorm")
-        experts = [tuple(plans[n] for n in hp.expert_linears(i, e)) for e in range(hp.num_experts)]
-        block = hp.moe_block(i)
-        moe_out = dense_moe(ctx, x, f"{block}.gate.weight", experts, hp.experts_per_token, block, f"{p}/moe")
-        last = i == hp.num_layers - 1
-        norm_w = "model.norm.weight" if last else f"model.layers.{i + 1}.input_layernorm.weight"
-        norm_name = "/model/norm/SkipLayerNorm" if last else f"/model/layers.{i + 1}/input_layernorm/SkipLayerNorm"
-        x, residual = skip_rms_norm(ctx, moe_out, residual, norm_w, hp.rms_norm_eps, norm_name)
-    logits = emit_linear(ctx, plans["lm_head"], x)
-    g.node("Identity", [logits], "/lm_head/logits", outputs=["logits"])
-    g.output("logits", io, ["batch_size", "sequence_length", hp.vocab_size])
+
+def moe_mlp(ctx, i: int, x: str, plans: dict, hp: MoEHyper) -> str:
+    experts = [tuple(plans[n] for n in hp.expert_linears(i, e)) for e in range(hp.num_experts)]
+    block = hp.moe_block(i)
+    return dense_moe(ctx, x, f"{block}.gate.weight", experts, hp.experts_per_token, block,
+                     f"/model/layers.{i}/moe")
