@@ -1,12 +1,15 @@
-"""MixtralForCausalLM: sparse MoE emitted densely (builder/ops/moe.py), tests/quark_factory.py "mixtral"
-(4 experts, top-2; Quark quantizes the per-expert linears its preprocess_for_quantization makes).
+"""MixtralForCausalLM: sparse MoE (builder/ops/moe.py: routed QMoE on CPU for 4-bit experts, dense elsewhere),
+tests/quark_factory.py "mixtral" (4 experts, top-2; Quark quantizes the per-expert linears its
+preprocess_for_quantization makes).
 
 Integer weight-only logits/greedy against Quark's own model (uint4_g32, int4_per_channel) are in
 test_int_weight_models.py (SHAPE_RECIPES). Here:
 - the float export/float/ checkpoint in the Hub layout (block_sparse_moe.experts.{e}.w1/w2/w3) against the logits of
   transformers' own MixtralForCausalLM (reference.npz float_logits, made before Quark touched the model);
 - fp16 io (router softmax in fp32 as transformers does) against Quark's model;
-- graph layout: all experts' gate/up in one MatMulNBits, one down_proj per expert, TopK routing;
+- the dense form (--extra_options moe=dense) against Quark's model too, so the fallback stays exact;
+- graph layout: QMoE per layer on cpu; dense on cuda/migraphx and with moe=dense (all experts' gate/up in one
+  MatMulNBits, one down_proj per expert, TopK routing);
 - refusals: non-SiLU experts, top-k larger than the expert count.
 """
 from __future__ import annotations
@@ -18,7 +21,7 @@ from builder.arch import family_for
 from builder.errors import ConversionError
 from onnx_helpers import build, genai_greedy, op_types, prompt_logits
 
-QUARK_EXPORTS = [("mixtral", "uint4_g32")]
+QUARK_EXPORTS = [("mixtral", "uint4_g32"), ("mixtral", "int4_per_channel")]
 LAYERS, EXPERTS = 2, 4
 MIXTRAL_CFG = {"architectures": ["MixtralForCausalLM"], "hidden_size": 64, "intermediate_size": 64,
                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
@@ -47,12 +50,38 @@ def test_fp16_io_matches_quark(export, tmp_path):
     assert genai_greedy(out, ref["input_ids"]) == ref["greedy"].tolist()
 
 
-def test_dense_moe_graph_layout(export, tmp_path):
-    ops = op_types(build(export, tmp_path / "onnx", "cpu", "fp32"))
+@pytest.mark.parametrize("recipe", ["uint4_g32", "int4_per_channel"])
+def test_dense_form_matches_quark(quark_exports, tmp_path, recipe):
+    export = quark_exports("mixtral", recipe)
+    out = build(export, tmp_path / "onnx", "cpu", "fp32", accuracy_level=1, moe="dense")
+    ref = np.load(export / "reference.npz")
+    diff = float(np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max())
+    assert diff <= 1e-4, diff  # measured 1.3e-6 (the routed default: 1.5e-6, test_int_weight_models.py)
+    assert genai_greedy(out, ref["input_ids"]) == ref["greedy"].tolist()
+    assert op_types(out).get("QMoE", 0) == 0
+
+
+@pytest.mark.parametrize("recipe", ["uint4_g32", "int4_per_channel"])
+def test_routed_qmoe_graph_on_cpu(quark_exports, tmp_path, recipe):
+    ops = op_types(build(quark_exports("mixtral", recipe), tmp_path / "onnx", "cpu", "fp32"))
+    assert ops["QMoE"] == LAYERS
+    assert ops["MatMulNBits"] == LAYERS * 2  # q/k/v fused and o_proj only: no expert MatMulNBits
+    assert "TopK" not in ops and "ScatterElements" not in ops
+
+
+@pytest.mark.parametrize("ep,extra", [("cpu", {"moe": "dense"}), ("cuda", {}), ("migraphx", {})])
+def test_dense_moe_graph_layout(export, tmp_path, ep, extra):
+    ops = op_types(build(export, tmp_path / "onnx", ep, "fp16" if ep != "cpu" else "fp32", **extra))
+    assert "QMoE" not in ops
     # per layer: q/k/v fused, o_proj, every expert's gate+up fused, one down_proj per expert; lm_head excluded
     assert ops["MatMulNBits"] == LAYERS * (3 + EXPERTS)
     assert ops["TopK"] == ops["Softmax"] == ops["ScatterElements"] == LAYERS
     assert ops["MatMul"] == LAYERS + 1  # float routers and lm_head
+
+
+def test_unknown_moe_form_is_refused(export, tmp_path):
+    with pytest.raises(ConversionError, match="unknown moe form"):
+        build(export, tmp_path / "onnx", "cpu", "fp32", moe="sparse")
 
 
 @pytest.mark.parametrize("folder,layout,names", [

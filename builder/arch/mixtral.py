@@ -14,7 +14,7 @@ Not read: Quark run without that preprocess leaves the experts float and fused (
 
 Per layer:
     x ─► RMSNorm ─► q/k/v_proj ─► GQA(rotary, KV cache) ─► o_proj ─► +residual
-      ─► RMSNorm ─► dense MoE (builder/ops/moe.py: every expert runs, renormalized top-k weights) ─► +residual
+      ─► RMSNorm ─► MoE (builder/ops/moe.py: QMoE on CPU for 4-bit experts, else dense) ─► +residual
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..checkpoint import Checkpoint
 from ..errors import ConversionError
-from ..ops.moe import dense_moe
+from ..ops.moe import emit_moe
 from . import llama
 from .base import DecoderHyper
 
@@ -101,5 +101,5 @@ def build_graph(ctx, hp: MoEHyper, plans: dict, attention) -> None:
 def moe_mlp(ctx, i: int, x: str, plans: dict, hp: MoEHyper) -> str:
     experts = [tuple(plans[n] for n in hp.expert_linears(i, e)) for e in range(hp.num_experts)]
     block = hp.moe_block(i)
-    return dense_moe(ctx, x, f"{block}.gate.weight", experts, hp.experts_per_token, block,
+    return emit_moe(ctx, x, f"{block}.gate.weight", experts, hp.experts_per_token, block,
                      f"/model/layers.{i}/moe")

@@ -2,25 +2,43 @@
 renormalized top-k probabilities (zero for the experts not picked) weight the sum.
 
     x ─► MatMul(router Wᵀ) ─► Softmax ─► TopK(k) ─► values / Σ values ─► ScatterElements into zeros ─► w [B,S,E]
-    x ─► gate/up_proj of ALL experts (one fused MatMulNBits when schemes agree) ─► Split ─► SiLU(g_e)·u_e
+    x ─► gate/up_proj of ALL experts (fused MatMulNBits per 4 experts when schemes agree) ─► Split ─► SiLU(g_e)·u_e
       ─► down_proj_e ─► y_e ;   out = Σ_e  y_e · w[..., e]
 
 As transformers' MixtralSparseMoeBlock at inference: softmax over the router logits in fp32, top-k, renormalize to
 sum 1. Exact (a non-selected expert gets weight 0 exactly), and made only of ops every EP runs; the price is that
 all E experts are computed (E/k times the expert FLOPs of a routed kernel), fine for small models and correctness.
 
-Faster form not done yet (measured on onnxruntime 1.32 CPU with a numpy reference, not wired in): com.microsoft QMoE
-runs on CPU with activation_type="swiglu", swiglu_fusion=1 (gate/up rows interleaved g0,u0,g1,u1...; 0 and 2 are
-refused on CPU), activation_alpha=1, activation_beta=0, normalize_routing_weights=1, router_probs = the router
-logits (softmax + top-k + renormalize inside), expert_weight_bits=4, block_size=32: weights uint8 [E, N, K/2] and
-scales [E, N, K/block] and packed zero points [E, N, K/block/2] in MatMulNBits' per-row layout; max |diff| 3.6e-7.
-The float MoE op needs the same interleaved fc1 (its separate fc3 input is "not implemented for CPU MoE").
+Routed form (routed_moe, the default where routed_block_size() accepts the experts): one com.microsoft QMoE per layer, which
+computes only the k chosen experts per token. Used on the CPU EP when every expert linear is 4-bit integer weight-only
+(int4/uint4, per_group or per_channel) with one dtype and one MatMulNBits block size that divides hidden and
+intermediate sizes; otherwise (other EPs, 8-bit, float or mixed experts, or --extra_options moe=dense) dense_moe.
+QMoE on onnxruntime 1.32 CPU, as emitted: activation_type="swiglu", swiglu_fusion=1 (fc1 rows interleaved
+g0,u0,g1,u1...; 0 and 2 are refused on CPU), activation_alpha=1, activation_beta=0, normalize_routing_weights=1,
+router_probs = the raw router logits [tokens, E] (softmax, top-k and renormalization happen inside),
+expert_weight_bits=4, weights_prepacked=0, block_size=bs: weights uint8 [E, N, K/2], scales [E, N, K/bs], packed
+zero points [E, N, ceil(K/bs/2)] in MatMulNBits' per-row layout (signed int4 shifted to unsigned, zero point 8,
+which is also QMoE's default when no zero points are given). Not routed: 8-bit experts (QMoE's CPU 8-bit kernel
+quantizes activations to int8 at every accuracy level, so it would not match the dense form), and other EPs (their
+QMoE kernels were not checked against a reference here).
 """
 from __future__ import annotations
 
+import numpy as np
 from onnx import TensorProto
 
+from ..errors import ConversionError
+from ..graph import INLINE_LIMIT
+from ..quant.int_packing import pack_uint_lowfirst
+from ..quant.int_weight_only import BITS, IntWeightOnly
 from .linear import emit_linear, emit_linears
+
+MOE_FORMS = ("routed", "dense")  # --extra_options moe=...; routed falls back to dense where it does not apply
+ROUTED_EPS = ("cpu",)
+ROUTED_BITS = (4,)
+# Experts whose gate/up share one fused MatMulNBits in the dense form: its Split sizes (int64, 2 per expert) must stay
+# inside the proto (graph.INLINE_LIMIT bytes); ORT cannot shape-infer a Split whose sizes live in external data.
+FUSED_EXPERTS = max(1, INLINE_LIMIT // 16)
 
 
 def router_weights(ctx, x: str, router_weight: str, top_k: int, name: str, prefix: str) -> str:
@@ -51,8 +69,11 @@ def dense_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int,
     module name (model.layers.0.mlp), prefix: its ONNX node prefix."""
     g = ctx.graph
     weights = router_weights(ctx, x, router_weight, top_k, name, prefix)
-    gate_up = emit_linears(ctx, [p for gate, up, _ in experts for p in (gate, up)], x, f"{name}.experts.gate_up_proj",
-                           f"{prefix}/experts/gate_up_proj")
+    gate_up = []
+    for c in range(0, len(experts), FUSED_EXPERTS):
+        part = "gate_up_proj" if len(experts) <= FUSED_EXPERTS else f"gate_up_proj.{c // FUSED_EXPERTS}"
+        gate_up += emit_linears(ctx, [p for gate, up, _ in experts[c:c + FUSED_EXPERTS] for p in (gate, up)], x,
+                                f"{name}.experts.{part}", f"{prefix}/experts/{part}")
     outs = []
     for e, (_, _, down) in enumerate(experts):
         gate, up = gate_up[2 * e], gate_up[2 * e + 1]
@@ -64,3 +85,96 @@ def dense_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int,
                              g.const_i64(f"{n}.axes", [-1])], f"{p}/RoutingWeight")
         outs.append(g.op("Mul", [y, w_e], f"{p}/Weighted"))
     return outs[0] if len(outs) == 1 else g.op("Sum", outs, f"{prefix}/experts/Sum")
+
+
+def moe_form(ctx) -> str:
+    form = ctx.options.extra.get("moe", "routed")
+    if form not in MOE_FORMS:
+        raise ConversionError("unknown moe form", field="--extra_options moe", value=form, accepted=", ".join(MOE_FORMS))
+    return form
+
+
+def routed_block_size(ctx, experts: list[tuple]) -> int | None:
+    """The QMoE block size for these experts, or None when the routed form does not apply to them."""
+    if moe_form(ctx) != "routed" or ctx.ep.name not in ROUTED_EPS:
+        return None
+    plans = [p for expert in experts for p in expert]
+    if any(p.scheme is not IntWeightOnly or p.has_bias for p in plans):
+        return None
+    if len({(p.spec.weight[0].dtype, p.spec.weight[0].qscheme, p.spec.weight[0].group_size) for p in plans}) != 1:
+        return None
+    w = plans[0].spec.weight[0]
+    if BITS[w.dtype] not in ROUTED_BITS:
+        return None
+    hidden, inter = experts[0][0].in_features, experts[0][2].in_features
+    groups = (w.group_size, w.group_size) if w.qscheme == "per_group" else (hidden, inter)
+    common = int(np.gcd.reduce([*groups, hidden, inter]))
+    bs = min(common & -common, 128)  # a power of two dividing every group: the groups' scales are replicated
+    return bs if bs >= 16 else None
+
+
+def _stack_expert(iws, bs: int):
+    """IntWeights of one fc (rows of all parts in order) -> packed weight [N, K/2], scales [N, K/bs], zp packed."""
+    q_u, zp_u, scales = [], [], []
+    for iw in iws:
+        u, zpu = iw.to_unsigned()
+        rep = iw.group_size // bs
+        q_u.append(u)
+        zp_u.append(np.repeat(zpu, rep, axis=1))
+        scales.append(np.repeat(iw.scale, rep, axis=1))
+    return np.concatenate(q_u), np.concatenate(scales), np.concatenate(zp_u)
+
+
+def routed_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int, name: str, prefix: str,
+               bs: int) -> str:
+    """One QMoE node for the block (see the module docstring); bs from routed_block_size()."""
+    g = ctx.graph
+    pack = ctx.quant.export.pack_method
+    fc1_w, fc1_s, fc1_z, fc2_w, fc2_s, fc2_z = [], [], [], [], [], []
+    for gate, up, down in experts:
+        gi, ui, di = (IntWeightOnly.load(p, ctx.ckpt, pack) for p in (gate, up, down))
+        n = gi.q.shape[0]
+        q, s, z = _stack_expert([gi, ui], bs)
+        order = np.stack([np.arange(n), np.arange(n) + n], axis=1).reshape(-1)  # g0,u0,g1,u1,...
+        q, s, z = q[order], s[order], z[order]
+        fc1_w.append(pack_uint_lowfirst(q, 4)), fc1_s.append(s), fc1_z.append(pack_uint_lowfirst(z, 4))
+        q, s, z = _stack_expert([di], bs)
+        fc2_w.append(pack_uint_lowfirst(q, 4)), fc2_s.append(s), fc2_z.append(pack_uint_lowfirst(z, 4))
+        if ctx.progress:
+            for p in (gate, up, down):
+                ctx.progress(p)
+    inputs = [x, _router_logits(ctx, x, router_weight, len(experts), name, prefix)]
+    for fc, (w, s, z) in (("fc1", (fc1_w, fc1_s, fc1_z)), ("fc2", (fc2_w, fc2_s, fc2_z))):
+        w_name = g.initializer(f"{name}.experts.{fc}.QMoE.weights", np.stack(w))
+        s_name = g.initializer(f"{name}.experts.{fc}.QMoE.scales", np.stack(s).astype(ctx.io_np))
+        z_name = g.initializer(f"{name}.experts.{fc}.QMoE.zero_points", np.stack(z))
+        inputs += [w_name, s_name, ""]
+        if fc == "fc1":
+            zp1 = z_name
+        else:
+            zp2 = z_name
+    inputs += ["", "", "", zp1, zp2]  # fc3 weights, scales, bias (fused into fc1); fc1/fc2 zero points
+    acc = ctx.options.accuracy_level
+    if acc is None:
+        acc = ctx.ep.default_accuracy_level(4)
+    return g.op("QMoE", inputs, f"{prefix}/QMoE", domain="com.microsoft", k=top_k, activation_type="swiglu",
+                swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0, normalize_routing_weights=1,
+                use_sparse_mixer=0, expert_weight_bits=4, block_size=bs, weights_prepacked=0,
+                accuracy_level=acc)
+
+
+def _router_logits(ctx, x: str, router_weight: str, num_experts: int, name: str, prefix: str) -> str:
+    """x [B,S,H] -> router logits [B*S, E] in the io dtype (QMoE wants one row per token)."""
+    g = ctx.graph
+    w_t = ctx.float_initializer(f"{router_weight}.T", router_weight, transpose=True)
+    logits = g.op("MatMul", [x, w_t], f"{prefix}/gate/MatMul")
+    shape = g.const_i64(f"{name}.router.rows_shape", [-1, num_experts])
+    return g.op("Reshape", [logits, shape], f"{prefix}/gate/Reshape")
+
+
+def emit_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int, name: str, prefix: str) -> str:
+    """The MoE block in the form chosen by --extra_options moe (routed where routed_block_size() allows)."""
+    bs = routed_block_size(ctx, experts)
+    if bs is None:
+        return dense_moe(ctx, x, router_weight, experts, top_k, name, prefix)
+    return routed_moe(ctx, x, router_weight, experts, top_k, name, prefix, bs)

@@ -1,0 +1,90 @@
+"""CPU decode tokens/s of a Mixtral MoE block emitted densely vs routed (com.microsoft QMoE), on a synthetic export.
+
+    python benchmarks/moe_cpu_decode.py [--hidden 256] [--inter 512] [--experts 8] [--top_k 2] [--layers 4]
+
+Writes a Quark-style uint4 per-group (g32) Mixtral export with random packed weights (the layout of amd-quark 0.13
+with transformers 5: model.layers.{i}.mlp.experts.{e}.gate_proj/up_proj/down_proj, a float router mlp.gate), converts
+it twice for the CPU EP (--extra_options moe=dense and moe=routed, accuracy_level=1), and times greedy decode with
+onnxruntime-genai (best of --repeats, first token excluded). Random weights: speed only, not accuracy.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+from safetensors.numpy import save_file
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
+from decode_speed import decode_tps  # noqa: E402
+from synthetic_export import QUANT_CONFIG  # noqa: E402
+from synthetic_quark_export import linear_tensors  # noqa: E402
+
+
+def write_export(out: Path, hidden: int, inter: int, experts: int, top_k: int, layers: int, group: int = 32,
+                 vocab: int = 4096, heads: int = 8, kv_heads: int = 2) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    bf16 = ml_dtypes.bfloat16
+    q = copy.deepcopy(QUANT_CONFIG)
+    q["global_quant_config"]["weight"]["group_size"] = group
+    cfg = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": hidden,
+           "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
+           "num_key_value_heads": kv_heads, "vocab_size": vocab, "max_position_embeddings": 2048,
+           "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False, "bos_token_id": 1,
+           "eos_token_id": 2, "torch_dtype": "bfloat16", "hidden_act": "silu", "num_local_experts": experts,
+           "num_experts_per_tok": top_k, "quantization_config": q}
+    kv = hidden // heads * kv_heads
+    tensors = {"model.embed_tokens.weight": (0.02 * rng.standard_normal((vocab, hidden), np.float32)).astype(bf16),
+               "model.norm.weight": np.ones(hidden, bf16),
+               "lm_head.weight": (0.02 * rng.standard_normal((vocab, hidden), np.float32)).astype(bf16)}
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        tensors[f"{p}.input_layernorm.weight"] = np.ones(hidden, bf16)
+        tensors[f"{p}.post_attention_layernorm.weight"] = np.ones(hidden, bf16)
+        tensors[f"{p}.mlp.gate.weight"] = rng.standard_normal((experts, hidden), np.float32).astype(bf16)
+        shapes = {"self_attn.q_proj": (hidden, hidden), "self_attn.k_proj": (kv, hidden),
+                  "self_attn.v_proj": (kv, hidden), "self_attn.o_proj": (hidden, hidden)}
+        for e in range(experts):
+            shapes.update({f"mlp.experts.{e}.gate_proj": (inter, hidden), f"mlp.experts.{e}.up_proj": (inter, hidden),
+                           f"mlp.experts.{e}.down_proj": (hidden, inter)})
+        for proj, (n_out, n_in) in shapes.items():
+            tensors.update(linear_tensors(rng, f"{p}.{proj}", n_out, n_in, group))
+    save_file(tensors, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", default=str(Path(tempfile.gettempdir()) / "quark_onnx_moe_bench"))
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--inter", type=int, default=512)
+    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--top_k", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    from builder.convert import convert
+    from builder.emit_context import BuildOptions
+    root = Path(a.root)
+    src = root / "export"
+    write_export(src, a.hidden, a.inter, a.experts, a.top_k, a.layers)
+    prompt = np.random.default_rng(1).integers(3, 4096, size=(1, 16), dtype=np.int32)
+    print(f"hidden {a.hidden}, intermediate {a.inter}, {a.experts} experts, top-{a.top_k}, {a.layers} layers")
+    for form in ("dense", "routed"):
+        out = root / form
+        convert(src, out, "cpu", "fp32", BuildOptions(accuracy_level=1, extra={"moe": form}), log=lambda _m: None)
+        print(f"{form:7s} {decode_tps(out, prompt, a.tokens, a.repeats):8.1f} tokens/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
