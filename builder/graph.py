@@ -71,13 +71,13 @@ class GraphBuilder:
                   for i in range(0, n_in, rows_per_chunk))
         return self._add(name, dtype, (n_in, n_out), chunks)
 
-    def _add(self, name: str, dtype: np.dtype, shape: tuple, chunks) -> str:
+    def _add(self, name: str, dtype: np.dtype, shape: tuple, chunks, inline: bool = False) -> str:
         if name in self._names:
             raise ValueError(f"duplicate initializer {name}")
         self._names.add(name)
         tensor = TensorProto(name=name, data_type=NP_TO_ONNX[np.dtype(dtype)], dims=list(shape))
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        if nbytes <= INLINE_LIMIT:
+        if nbytes <= INLINE_LIMIT or inline:
             tensor.raw_data = b"".join(np.ascontiguousarray(c).tobytes() for c in chunks)
             self.initializers.append(tensor)
             return name
@@ -102,7 +102,10 @@ class GraphBuilder:
         return self.initializer(name, np.array(value, dtype=dtype))
 
     def const_i64(self, name: str, values) -> str:
-        return self.initializer(name, np.array(values, dtype=np.int64))
+        """Shape-like int64 constants (Split sizes, axes) stay inside the proto whatever their size: ORT's shape
+        inference cannot read external data."""
+        array = np.array(values, dtype=np.int64)
+        return self._add(name, array.dtype, array.shape, [array], inline=True)
 
     # ---- nodes -------------------------------------------------------------------------------------------------
     def node(self, op_type: str, inputs: list[str], name: str, outputs: int | list[str] = 1,

@@ -28,7 +28,6 @@ import numpy as np
 from onnx import TensorProto
 
 from ..errors import ConversionError
-from ..graph import INLINE_LIMIT
 from ..quant.int_packing import pack_uint_lowfirst
 from ..quant.int_weight_only import BITS, IntWeightOnly
 from .linear import emit_linear, emit_linears
@@ -36,9 +35,6 @@ from .linear import emit_linear, emit_linears
 MOE_FORMS = ("routed", "dense")  # --extra_options moe=...; routed falls back to dense where it does not apply
 ROUTED_EPS = ("cpu",)
 ROUTED_BITS = (4,)
-# Experts whose gate/up share one fused MatMulNBits in the dense form: its Split sizes (int64, 2 per expert) must stay
-# inside the proto (graph.INLINE_LIMIT bytes); ORT cannot shape-infer a Split whose sizes live in external data.
-FUSED_EXPERTS = max(1, INLINE_LIMIT // 16)
 
 
 def router_weights(ctx, x: str, router_weight: str, top_k: int, name: str, prefix: str) -> str:
@@ -69,11 +65,9 @@ def dense_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int,
     module name (model.layers.0.mlp), prefix: its ONNX node prefix."""
     g = ctx.graph
     weights = router_weights(ctx, x, router_weight, top_k, name, prefix)
-    gate_up = []
-    for c in range(0, len(experts), FUSED_EXPERTS):
-        part = "gate_up_proj" if len(experts) <= FUSED_EXPERTS else f"gate_up_proj.{c // FUSED_EXPERTS}"
-        gate_up += emit_linears(ctx, [p for gate, up, _ in experts[c:c + FUSED_EXPERTS] for p in (gate, up)], x,
-                                f"{name}.experts.{part}", f"{prefix}/experts/{part}")
+    # every expert's gate and up in one matmul (their Split sizes stay inline: GraphBuilder.const_i64)
+    gate_up = emit_linears(ctx, [p for gate, up, _ in experts for p in (gate, up)], x,
+                           f"{name}.experts.gate_up_proj", f"{prefix}/experts/gate_up_proj")
     outs = []
     for e, (_, _, down) in enumerate(experts):
         gate, up = gate_up[2 * e], gate_up[2 * e + 1]
