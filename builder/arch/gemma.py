@@ -25,7 +25,7 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import ConversionError
-from ..ops.attention import AttentionInputs, attention_mask_inputs
+from ..ops.attention import AttentionInputs
 from ..ops.linear import emit_linear, emit_linears
 from ..ops.norm import head_rms_norm, rms_norm, skip_rms_norm
 from ..ops.rotary import cos_sin_caches
@@ -145,29 +145,20 @@ def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
                               "Gemma: its explicit attention subgraph has no query_pre_attn_scalar, softcap or "
                               "per-layer rope", file=ctx.ckpt.model_dir, field="--extra_options fp8_attention",
                               value="auto", accepted="off")
-    g, io = ctx.graph, ctx.io_type
-    cache_t = getattr(attention, "cache_elem_type", None) or io
-    input_ids = g.input("input_ids", 7, ["batch_size", "sequence_length"])
-    mask = g.input("attention_mask", 7, ["batch_size", "total_sequence_length"])
-    kv_shape = ["batch_size", hp.num_kv_heads, "past_sequence_length", hp.head_dim]
-    present_shape = ["batch_size", hp.num_kv_heads, "total_sequence_length", hp.head_dim]
-    seqlens, total_len = attention_mask_inputs(ctx, mask)
-    full_rope, local_rope = _rope_inputs(ctx, hp, seqlens, total_len)
+    g = ctx.graph
+    io_values = llama.decoder_inputs(ctx, attention)
+    full_rope, local_rope = _rope_inputs(ctx, hp, io_values.seqlens_k, io_values.total_seq_len)
     eps, off = hp.rms_norm_eps, NORM_OFFSET
 
-    residual = _scaled_embedding(ctx, hp, input_ids)
+    residual = _scaled_embedding(ctx, hp, io_values.input_ids)
     x = rms_norm(ctx, residual, "model.layers.0.input_layernorm.weight", eps,
                  "/model/layers.0/input_layernorm/SimplifiedLayerNorm", off)
     for i in range(hp.num_layers):
         pre, p = f"model.layers.{i}", f"/model/layers.{i}"
         q, k, v = emit_linears(ctx, [plans[f"{pre}.self_attn.{n}"] for n in ("q_proj", "k_proj", "v_proj")], x,
                                f"{pre}.self_attn.qkv_proj", f"{p}/attn/qkv_proj")
-        past_k = g.input(f"past_key_values.{i}.key", cache_t, kv_shape)
-        past_v = g.input(f"past_key_values.{i}.value", cache_t, kv_shape)
-        present_k = g.output(f"present.{i}.key", cache_t, present_shape)
-        present_v = g.output(f"present.{i}.value", cache_t, present_shape)
         shared = local_rope if hp.layer_window(i) > 0 else full_rope
-        attn = attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp)
+        attn = attention(ctx, i, q, k, v, *io_values.layer_cache(ctx, i, hp), shared, hp)
         attn_out = emit_linear(ctx, plans[f"{pre}.self_attn.o_proj"], attn)
         attn_out = rms_norm(ctx, attn_out, f"{pre}.post_attention_layernorm.weight", eps,
                             f"{p}/post_attention_layernorm/SimplifiedLayerNorm", off)
@@ -186,5 +177,4 @@ def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
         cap = g.initializer("/lm_head/softcap", np.asarray(hp.final_logit_softcap, dtype=ctx.io_np))
         t = g.op("Tanh", [g.op("Div", [logits, cap], "/lm_head/softcap/Div")], "/lm_head/softcap/Tanh")
         logits = g.op("Mul", [t, cap], "/lm_head/softcap/Mul")
-    g.node("Identity", [logits], "/lm_head/logits", outputs=["logits"])
-    g.output("logits", io, ["batch_size", "sequence_length", hp.vocab_size])
+    llama.logits_output(ctx, hp, logits)

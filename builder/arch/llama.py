@@ -7,6 +7,8 @@ Residual adds are fused into SkipSimplifiedLayerNormalization.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..ops.attention import AttentionInputs, attention_mask_inputs, group_query_attention
 from ..ops.linear import emit_linear, emit_linears
 from ..ops.mlp import silu_mlp
@@ -45,36 +47,62 @@ def float_tensors(hp: DecoderHyper) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
+@dataclass(frozen=True)
+class DecoderIO:
+    """The graph inputs every decoder shares, and the element type of its KV cache."""
+    input_ids: str
+    seqlens_k: str
+    total_seq_len: str
+    cache_type: int
+
+    def layer_cache(self, ctx, i: int, hp: DecoderHyper) -> tuple[str, str, str, str]:
+        """Declare layer i's past/present key/value in onnxruntime-genai's names and [B, kv_heads, S, D] layout."""
+        g = ctx.graph
+        past = ["batch_size", hp.num_kv_heads, "past_sequence_length", hp.head_dim]
+        present = ["batch_size", hp.num_kv_heads, "total_sequence_length", hp.head_dim]
+        return (g.input(f"past_key_values.{i}.key", self.cache_type, past),
+                g.input(f"past_key_values.{i}.value", self.cache_type, past),
+                g.output(f"present.{i}.key", self.cache_type, present),
+                g.output(f"present.{i}.value", self.cache_type, present))
+
+
+def decoder_inputs(ctx, attention) -> DecoderIO:
+    """input_ids and attention_mask (with GQA's seqlens_k / total_sequence_length derived from the mask). An attention
+    callable with a `cache_elem_type` attribute declares past/present in that ONNX type instead of the io type."""
+    g = ctx.graph
+    input_ids = g.input("input_ids", 7, ["batch_size", "sequence_length"])
+    mask = g.input("attention_mask", 7, ["batch_size", "total_sequence_length"])
+    seqlens, total_len = attention_mask_inputs(ctx, mask)
+    return DecoderIO(input_ids, seqlens, total_len, getattr(attention, "cache_elem_type", None) or ctx.io_type)
+
+
+def logits_output(ctx, hp: DecoderHyper, logits: str) -> None:
+    ctx.graph.node("Identity", [logits], "/lm_head/logits", outputs=["logits"])
+    ctx.graph.output("logits", ctx.io_type, ["batch_size", "sequence_length", hp.vocab_size])
+
+
 def build_graph(ctx, hp: DecoderHyper, plans: dict, attention, *, project_qkv=None, mlp=None,
                 rotary_dim: int | None = None) -> None:
     """Emit the whole decoder. `plans` maps module name -> LinearPlan; `attention(ctx, layer, q, k, v, ...)`
-    emits one layer's attention core (GQA, or an FP8 attention subgraph). An attention callable with a
-    `cache_elem_type` attribute (ONNX element type) declares past/present in that type instead of the io type."""
-    g, io = ctx.graph, ctx.io_type
-    cache_t = getattr(attention, "cache_elem_type", None) or io
-    input_ids = g.input("input_ids", 7, ["batch_size", "sequence_length"])
-    mask = g.input("attention_mask", 7, ["batch_size", "total_sequence_length"])
-    kv_shape = ["batch_size", hp.num_kv_heads, "past_sequence_length", hp.head_dim]
-    present_shape = ["batch_size", hp.num_kv_heads, "total_sequence_length", hp.head_dim]
-    seqlens, total_len = attention_mask_inputs(ctx, mask)
+    emits one layer's attention core (GQA, or an FP8 attention subgraph); the hooks replace the q/k/v projection
+    and the MLP of a layer, rotary_dim the width of the rotated part of each head."""
+    g = ctx.graph
+    io_values = decoder_inputs(ctx, attention)
     project_qkv, mlp = project_qkv or llama_qkv, mlp or llama_mlp
     cos, sin = cos_sin_caches(rotary_dim or hp.head_dim, hp.max_positions, hp.rope_theta, hp.rope_scaling,
                               str(ctx.source))
-    shared = AttentionInputs(seqlens, total_len, g.initializer("cos_cache", cos.astype(ctx.io_np)),
+    shared = AttentionInputs(io_values.seqlens_k, io_values.total_seq_len,
+                             g.initializer("cos_cache", cos.astype(ctx.io_np)),
                              g.initializer("sin_cache", sin.astype(ctx.io_np)))
 
     embed = ctx.float_initializer("model.embed_tokens.weight", "model.embed_tokens.weight")
-    residual = g.op("Gather", [embed, input_ids], "/model/embed_tokens/Gather")
+    residual = g.op("Gather", [embed, io_values.input_ids], "/model/embed_tokens/Gather")
     x = rms_norm(ctx, residual, "model.layers.0.input_layernorm.weight", hp.rms_norm_eps,
                  "/model/layers.0/input_layernorm/SimplifiedLayerNorm")
     for i in range(hp.num_layers):
         pre = f"model.layers.{i}"
         q, k, v = project_qkv(ctx, i, x, plans, hp)
-        past_k = g.input(f"past_key_values.{i}.key", cache_t, kv_shape)
-        past_v = g.input(f"past_key_values.{i}.value", cache_t, kv_shape)
-        present_k = g.output(f"present.{i}.key", cache_t, present_shape)
-        present_v = g.output(f"present.{i}.value", cache_t, present_shape)
-        attn = attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp)
+        attn = attention(ctx, i, q, k, v, *io_values.layer_cache(ctx, i, hp), shared, hp)
         attn_out = emit_linear(ctx, plans[f"{pre}.self_attn.o_proj"], attn)
         x, residual = skip_rms_norm(ctx, attn_out, residual, f"{pre}.post_attention_layernorm.weight",
                                     hp.rms_norm_eps, f"/model/layers.{i}/post_attention_layernorm/SkipLayerNorm")
@@ -83,9 +111,7 @@ def build_graph(ctx, hp: DecoderHyper, plans: dict, attention, *, project_qkv=No
         norm_w = "model.norm.weight" if last else f"model.layers.{i + 1}.input_layernorm.weight"
         norm_name = "/model/norm/SkipLayerNorm" if last else f"/model/layers.{i + 1}/input_layernorm/SkipLayerNorm"
         x, residual = skip_rms_norm(ctx, mlp_out, residual, norm_w, hp.rms_norm_eps, norm_name)
-    logits = emit_linear(ctx, plans["lm_head"], x)
-    g.node("Identity", [logits], "/lm_head/logits", outputs=["logits"])
-    g.output("logits", io, ["batch_size", "sequence_length", hp.vocab_size])
+    logits_output(ctx, hp, emit_linear(ctx, plans["lm_head"], x))
 
 
 def llama_qkv(ctx, i: int, x: str, plans: dict, hp: DecoderHyper) -> tuple[str, str, str]:
