@@ -17,7 +17,10 @@ from .ep_configs.base import EPConfig
 from .errors import ConversionError
 from .genai_config import build_genai_config, copy_tokenizer_files, write_genai_config
 from .graph import GraphBuilder
+from .ops.moe import MOE_FORMS
 from .quant import LinearPlan, scheme_for
+from .quant.fp8_w8a8 import FP8_LINEAR_FORMS
+from .quant.mxfp4 import FP4_LINEAR_METHODS, MX_ACTIVATION_OPTIONS
 from .quark_reader import QuarkConfig, read_model_config
 
 
@@ -49,6 +52,7 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
     if not source.is_dir():
         raise ConversionError("input model folder not found", file=source)
     options = options or BuildOptions()
+    check_options(options)
     ep = apply_ep_overrides(get_ep(ep_name), options)
     io = precision or ep.default_precision
     if io not in ep.precisions:
@@ -91,21 +95,24 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
     return model_plan, ckpt
 
 
-# --extra_options keys that override an EP profile's choice of emitted form, with the values they take.
-EP_OVERRIDES = {"fp8_linear": ("dequantized_weight", "qdq", "matmul_block_fp8"),
-                "fp4_linear": ("matmul_nbits8", "native", "dq_fp8", "dense")}
+# --extra_options that choose among a fixed set of forms, with the values each takes. The first two override the
+# EP profile's field of the same name.
+EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "fp4_linear": FP4_LINEAR_METHODS}
+OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS}
+
+
+def check_options(options: BuildOptions) -> None:
+    """Every choice-valued option, refused before anything is read or written."""
+    chosen = dict(options.extra, mx_activations=options.mx_activations)
+    for key, allowed in {**OPTION_CHOICES, "mx_activations": MX_ACTIVATION_OPTIONS}.items():
+        if key in chosen and chosen[key] not in allowed:
+            raise ConversionError(f"unknown {key} form", field=f"--extra_options {key}", value=chosen[key],
+                                  accepted=", ".join(allowed))
 
 
 def apply_ep_overrides(ep: EPConfig, options: BuildOptions) -> EPConfig:
-    """The EP profile with the user's per-scheme form choices applied (validated before anything is written)."""
-    for key, allowed in EP_OVERRIDES.items():
-        if key in options.extra:
-            value = options.extra[key]
-            if value not in allowed:
-                raise ConversionError(f"unknown {key}", field=f"--extra_options {key}", value=value,
-                                      accepted=", ".join(allowed))
-            ep = replace(ep, **{key: value})
-    return ep
+    """The EP profile with the user's per-scheme form choices applied."""
+    return replace(ep, **{key: options.extra[key] for key in EP_OVERRIDES if key in options.extra})
 
 
 def check_float_tensor(ckpt: Checkpoint, tensor: str, shape: tuple[int, ...]) -> None:

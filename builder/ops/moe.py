@@ -27,7 +27,6 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from ..errors import ConversionError
 from ..quant.int_packing import pack_uint_lowfirst
 from ..quant.int_weight_only import BITS, IntWeightOnly
 from .linear import emit_linear, emit_linears
@@ -82,10 +81,7 @@ def dense_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int,
 
 
 def moe_form(ctx) -> str:
-    form = ctx.options.extra.get("moe", "routed")
-    if form not in MOE_FORMS:
-        raise ConversionError("unknown moe form", field="--extra_options moe", value=form, accepted=", ".join(MOE_FORMS))
-    return form
+    return ctx.options.extra.get("moe", "routed")  # validated in convert.check_options
 
 
 def routed_block_size(ctx, experts: list[tuple]) -> int | None:

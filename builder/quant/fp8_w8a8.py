@@ -32,6 +32,9 @@ def _fail(ckpt, layer, message, field=None, value=None, accepted=None):
                           accepted=accepted)
 
 
+FP8_LINEAR_FORMS = ("dequantized_weight", "qdq", "matmul_block_fp8")  # EPConfig.fp8_linear values
+
+
 def scalar_scale(ckpt, tensor: str) -> float:
     s = ckpt.get_scale(tensor)
     if s.size != 1:

@@ -64,19 +64,12 @@ def check_real_quantized(plan: LinearPlan, ckpt, group: int) -> None:
 
 
 def fp4_linear_method(ctx) -> str:
-    method = ctx.options.extra.get("fp4_linear", ctx.ep.fp4_linear)
-    if method not in FP4_LINEAR_METHODS:
-        raise ConversionError("unknown FP4 linear method", field="--extra_options fp4_linear", value=method,
-                              accepted=", ".join(FP4_LINEAR_METHODS))
-    return method
+    """The EP profile's FP4 form, with --extra_options fp4_linear applied and validated (convert.plan_model)."""
+    return ctx.ep.fp4_linear
 
 
 def emulate_activations(ctx) -> bool:
-    value = ctx.options.mx_activations
-    if value not in MX_ACTIVATION_OPTIONS:
-        raise ConversionError("unknown mx_activations option", field="--extra_options mx_activations", value=value,
-                              accepted=", ".join(MX_ACTIVATION_OPTIONS))
-    return value == "emulate"
+    return ctx.options.mx_activations == "emulate"  # validated in convert.check_options
 
 
 def scales_in_io(ctx, plan: LinearPlan, w: Fp4Weight, factor: float = 1.0) -> np.ndarray:
