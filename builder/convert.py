@@ -92,6 +92,8 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
     model_plan = ModelPlan(source, cfg, quant, family, hp, ep, io, options, linears, notes)
     from .attention_plan import choose_attention  # late import: attention variants register themselves
     choose_attention(model_plan, ckpt)
+    if ep.plan_notes is not None:
+        model_plan.notes.extend(ep.plan_notes(model_plan))
     return model_plan, ckpt
 
 
@@ -111,7 +113,13 @@ def check_options(options: BuildOptions) -> None:
 
 
 def apply_ep_overrides(ep: EPConfig, options: BuildOptions) -> EPConfig:
-    """The EP profile with the user's per-scheme form choices applied."""
+    """The EP profile with the user's per-scheme form choices applied (refused where the EP cannot read the form)."""
+    for key in EP_OVERRIDES:
+        why = ep.refused_forms.get(key, {}).get(options.extra.get(key))
+        if why:
+            raise ConversionError(f"{key}={options.extra[key]} is not readable on {ep.name}: {why}",
+                                  field=f"--extra_options {key}", value=options.extra[key],
+                                  accepted=", ".join(v for v in EP_OVERRIDES[key] if v not in ep.refused_forms[key]))
     return replace(ep, **{key: options.extra[key] for key in EP_OVERRIDES if key in options.extra})
 
 

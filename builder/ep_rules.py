@@ -7,7 +7,11 @@ Each rule's `source` says where the constraint was read or measured; docs/execut
 
 Sources used below (read June-Nov 2026):
   MGX_PARSERS  AMDMIGraphX src/onnx/parse_*.cpp (commit f729a52, May 2026): the op types its ONNX parser accepts,
-               parse_matmulnbits.cpp, parse_group_query_attention.cpp.
+               parse_matmulnbits.cpp, parse_group_query_attention.cpp, parse_quantizelinear.cpp,
+               parse_dequantizelinear.cpp, parse_cast.cpp, parse_constant.cpp, parse_mxqdq.cpp.
+  MGX_TYPES    AMDMIGraphX src/onnx/onnx_parser.cpp get_type / parse_tensor_shape / parse_tensor (same commit).
+  MGX_QDQ      AMDMIGraphX src/op/builder/include/migraphx/op/builder/quantize_dequantize_linear.hpp
+               transform_quantize_dequantize_linear_inputs (per-tensor / per-axis / blocked scales).
   ORT_MGX_EP   onnxruntime core/providers/migraphx/migraphx_execution_provider.cc: GetUnsupportedNodeIndices (op list
                for ROCm < 7.2, migraphx::get_onnx_operators() from 7.2), IsTypeSupported, `unsupported_nodes.size() > 10`.
   ORT_CPU_PROBE  sessions created with onnxruntime 1.32 CPU on one-node graphs (tests/test_ep_cpu_kernels.py).
@@ -21,7 +25,9 @@ from typing import Callable
 import onnx
 from onnx import TensorProto
 
-from .ep_configs.migraphx_ops import MIGRAPHX_EP_OPS_BEFORE_ROCM_7_2, MIGRAPHX_ONNX_OPS, MIGRAPHX_TENSOR_TYPES
+from .ep_configs.migraphx_ops import (MIGRAPHX_EP_OPS_BEFORE_ROCM_7_2, MIGRAPHX_INPUT_COUNTS, MIGRAPHX_MISREAD_TYPES,
+                                      MIGRAPHX_ONNX_OPS, MIGRAPHX_PACKED_INT4, MIGRAPHX_PARSER_TYPES,
+                                      ORT_MGX_EP_TENSOR_TYPES)
 
 MS = "com.microsoft"
 STANDARD_DOMAINS = ("", "ai.onnx", MS)
@@ -312,7 +318,7 @@ def _mgx_unsupported_reason(node, view) -> str | None:
     if view is not None:
         for name in list(node.input) + list(node.output):
             t = view.type_of(name)
-            if t is not None and t not in MIGRAPHX_TENSOR_TYPES:
+            if t is not None and t not in ORT_MGX_EP_TENSOR_TYPES:
                 return f"tensor '{name}' is {type_name(t)}, a type the MIGraphX EP does not take"
     return None
 
@@ -338,7 +344,182 @@ def _mgx_cpu_fallback(view, findings):
     return None
 
 
-MIGRAPHX_RULES = COMMON_RULES + (
+# ---------------------------------------------------------------------------------------------- MIGraphX parser
+# What MIGraphX's ONNX parser itself accepts. A violation is an error: the EP hands the node over and session
+# creation fails inside migraphx::parse_onnx (or, for misread types, computes on wrong bytes).
+
+def parser_type_problem(t: int | None) -> str | None:
+    """Why MIGraphX's parser cannot take element type t (MGX_TYPES get_type), or None."""
+    if t is None or t == TensorProto.UNDEFINED:
+        return None
+    if t in MIGRAPHX_MISREAD_TYPES:
+        return f"{type_name(t)} is misread: {MIGRAPHX_MISREAD_TYPES[t]}"
+    if t not in MIGRAPHX_PARSER_TYPES:
+        return f"{type_name(t)} ({t}) is refused: get_type throws 'Prototensor data type {t} not supported'"
+    return None
+
+
+def _mgx_node_types(node, view):
+    """Element types on the node's inputs/outputs and in its type attributes (Cast to, QuantizeLinear
+    output_dtype, Constant value): all go through onnx_parser.cpp get_type."""
+    where = [(f"tensor '{name}'", view.type_of(name)) for name in list(node.input) + list(node.output) if name]
+    if node.op_type in ("Cast",) and node.domain in ("", "ai.onnx"):
+        where.append(("attribute to", attr(node, "to")))             # parse_cast.cpp: get_type(to)
+    if node.op_type == "QuantizeLinear":
+        where.append(("attribute output_dtype", attr(node, "output_dtype")))  # parse_quantizelinear.cpp
+    if node.op_type in ("Constant", "ConstantOfShape"):
+        for a in node.attribute:                                     # parse_constant.cpp -> parse_tensor
+            if a.type == onnx.AttributeProto.TENSOR:
+                where.append((f"attribute {a.name}", a.t.data_type))
+    for what, t in where:
+        problem = parser_type_problem(t)
+        if problem:
+            return f"{what}: {problem}"
+    return None
+
+
+def _mgx_input_count(node, view):
+    limits = MIGRAPHX_INPUT_COUNTS.get(node.op_type)
+    if limits is None:
+        return None
+    n = used_input_count(node)
+    lo, hi = limits
+    if not lo <= n <= hi:
+        return f"{n} inputs; MIGraphX's {node.op_type} parser takes {lo}-{hi}"
+    return None
+
+
+def _qdq_scale_zp(node, view):
+    return input_at(node, 1), input_at(node, 2)
+
+
+def _mgx_qdq_types(node, view):
+    """parse_quantizelinear.cpp / parse_dequantizelinear.cpp type checks."""
+    x, (scale, zp) = input_at(node, 0), _qdq_scale_zp(node, view)
+    x_t, s_t, zp_t = view.type_of(x), view.type_of(scale), view.type_of(zp)
+    if node.op_type == "QuantizeLinear":
+        opset = next((o.version for o in view.model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        if opset >= 19 and None not in (x_t, s_t) and x_t != s_t:
+            return (f"x is {type_name(x_t)} but y_scale is {type_name(s_t)}; from opset 19 MIGraphX requires the "
+                    "same type (parse_quantizelinear.cpp)")
+        out_t = attr(node, "output_dtype")
+        if out_t and zp_t is not None and out_t != zp_t:
+            return f"output_dtype {type_name(out_t)} != zero point type {type_name(zp_t)} (parse_quantizelinear.cpp)"
+    elif zp and None not in (x_t, zp_t) and x_t != zp_t:
+        return f"x is {type_name(x_t)} but the zero point is {type_name(zp_t)} (parse_dequantizelinear.cpp)"
+    s_dims, zp_dims = view.dims_of(scale), view.dims_of(zp)
+    if zp and s_dims is not None and zp_dims is not None and s_dims != zp_dims:
+        return f"scale shape {s_dims} != zero point shape {zp_dims} (MIGraphX requires equal shapes)"
+    return None
+
+
+def _mgx_qdq_granularity(node, view):
+    """MGX_QDQ transform_quantize_dequantize_linear_inputs: per-tensor (1 element), per-axis (rank-1 scale of
+    x.shape[axis]) or blocked (same rank, dims equal except axis, > 1 block, block_size in range)."""
+    x_dims, s_dims = view.dims_of(input_at(node, 0)), view.dims_of(input_at(node, 1))
+    if s_dims is None:
+        return None
+    n_scale = 1
+    for d in s_dims:
+        n_scale *= d
+    if n_scale == 1:
+        return None
+    if x_dims is None:
+        return None
+    rank = len(x_dims)
+    axis = attr(node, "axis", 1)
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < rank:
+        return f"axis={attr(node, 'axis', 1)} is out of range for rank {rank}"
+    if len(s_dims) == 1:
+        if s_dims[0] != x_dims[axis]:
+            return f"per-axis scale of {s_dims[0]} values but x has {x_dims[axis]} on axis {axis}"
+        return None
+    if len(s_dims) != rank:
+        return f"blocked scale rank {len(s_dims)} != x rank {rank}"
+    if any(a != b for i, (a, b) in enumerate(zip(x_dims, s_dims)) if i != axis):
+        return f"blocked scale shape {s_dims} differs from x {x_dims} off axis {axis}"
+    di, si = x_dims[axis], s_dims[axis]
+    if si <= 1:
+        return f"blocked scale has {si} block(s) along axis {axis}; MIGraphX needs more than one (use per-axis)"
+    lo, hi = -(-di // si), -(-di // (si - 1)) - 1
+    bs = attr(node, "block_size", 0) or lo
+    if not lo <= bs <= hi:
+        return f"block_size={bs} outside [{lo}, {hi}] for {di} elements in {si} blocks"
+    return None
+
+
+def _mgx_matmulnbits_attrs(node, view):
+    """parse_matmulnbits.cpp: N, K, bits, block_size required; scales hold N * ceil(K / block_size) values."""
+    missing = [a for a in ("N", "K", "bits", "block_size") if attr(node, a) is None]
+    if missing:
+        return f"attribute(s) {missing} missing; MIGraphX requires N, K, bits, block_size"
+    k, n, bs = attr(node, "K"), attr(node, "N"), attr(node, "block_size")
+    dims = view.dims_of(input_at(node, 2))
+    if dims is not None and bs:
+        count = 1
+        for d in dims:
+            count *= d
+        if count != n * -(-k // bs):
+            return f"scales hold {count} values; MIGraphX expects N * ceil(K / block_size) = {n * -(-k // bs)}"
+    return None
+
+
+def _mgx_mxqdq(node, view):
+    """parse_mxqdq.cpp: axis, block_size == 32, element_dtype 'fp4_e2m1', rounding_mode == 2 (ties to even)."""
+    if attr(node, "axis") is None:
+        return "attribute axis missing (MIGraphX reads it with attributes.at)"
+    if attr(node, "block_size") != 32:
+        return f"block_size={attr(node, 'block_size')}; MIGraphX supports 32 only"
+    dt = attr(node, "element_dtype")
+    dt = dt.decode() if isinstance(dt, bytes) else dt
+    if dt != "fp4_e2m1":
+        return f"element_dtype={dt}; MIGraphX supports fp4_e2m1 only"
+    if attr(node, "rounding_mode") != 2:
+        return f"rounding_mode={attr(node, 'rounding_mode')}; MIGraphX supports 2 (round ties to even) only"
+    return None
+
+
+def _mgx_graph_types(view, findings):
+    """Every declared tensor (initializers, graph inputs/outputs, value_info) has a type the parser reads;
+    packed INT4/UINT4 initializers have an even last dimension (onnx_parser.cpp parse_tensor_shape)."""
+    g = view.model.graph
+    bad = []
+    for t in g.initializer:
+        problem = parser_type_problem(t.data_type)
+        if problem is None and t.data_type in MIGRAPHX_PACKED_INT4 and (not t.dims or t.dims[-1] % 2):
+            problem = "packed int4 needs an even last dimension (parse_tensor_shape)"
+        if problem:
+            bad.append(f"initializer '{t.name}': {problem}")
+    for kind, values in (("input", g.input), ("output", g.output), ("value_info", g.value_info)):
+        for vi in values:
+            if vi.type.HasField("tensor_type"):
+                problem = parser_type_problem(vi.type.tensor_type.elem_type)
+                if problem:
+                    bad.append(f"graph {kind} '{vi.name}': {problem}")
+    if bad:
+        more = f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""
+        return f"{len(bad)} tensor(s) MIGraphX's ONNX parser cannot read: " + "; ".join(bad[:3]) + more
+    return None
+
+
+QDQ = ("QuantizeLinear", "DequantizeLinear")
+MIGRAPHX_PARSER_RULES = (
+    Rule("migraphx-parser-type", ERROR, _mgx_node_types, "MGX_TYPES get_type; MGX_PARSERS parse_cast.cpp, "
+         "parse_quantizelinear.cpp, parse_constant.cpp"),
+    Rule("migraphx-parser-input-count", ERROR, _mgx_input_count, "MGX_PARSERS (see MIGRAPHX_INPUT_COUNTS)",
+         tuple(MIGRAPHX_INPUT_COUNTS)),
+    Rule("migraphx-qdq-types", ERROR, _mgx_qdq_types, "MGX_PARSERS parse_quantizelinear.cpp, "
+         "parse_dequantizelinear.cpp", QDQ),
+    Rule("migraphx-qdq-granularity", ERROR, _mgx_qdq_granularity, "MGX_QDQ", QDQ),
+    Rule("migraphx-matmulnbits-attrs", ERROR, _mgx_matmulnbits_attrs, "MGX_PARSERS parse_matmulnbits.cpp",
+         ("MatMulNBits",)),
+    Rule("migraphx-mxqdq-attrs", ERROR, _mgx_mxqdq, "MGX_PARSERS parse_mxqdq.cpp",
+         ("MXQuantizeDequantize", "MXFixNeuron")),
+)
+
+
+MIGRAPHX_RULES = COMMON_RULES + MIGRAPHX_PARSER_RULES + (
     Rule("migraphx-matmulnbits-zero-points", ERROR, _mgx_zero_points, "MGX_PARSERS parse_matmulnbits.cpp",
          ("MatMulNBits",)),
     Rule("migraphx-matmulnbits-ignored-inputs", ERROR, _mgx_ignored_inputs, "MGX_PARSERS parse_matmulnbits.cpp",
@@ -353,5 +534,6 @@ MIGRAPHX_RULES = COMMON_RULES + (
     Rule("migraphx-op-needs-rocm-7.2", WARNING, _mgx_old_rocm, "ORT_MGX_EP GetUnsupportedNodeIndices"),
 )
 MIGRAPHX_MODEL_RULES = (
+    ModelRule("migraphx-parser-graph-types", ERROR, _mgx_graph_types, "MGX_TYPES get_type, parse_tensor_shape"),
     ModelRule("migraphx-cpu-fallback", WARNING, _mgx_cpu_fallback, "ORT_MGX_EP GetCapability"),
 )

@@ -20,6 +20,7 @@ NP_TO_ONNX = {
     np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
     np.dtype(ml_dtypes.bfloat16): TensorProto.BFLOAT16, np.dtype(np.float64): TensorProto.DOUBLE,
     np.dtype(ml_dtypes.float8_e4m3fn): TensorProto.FLOAT8E4M3FN, np.dtype(ml_dtypes.float8_e5m2): TensorProto.FLOAT8E5M2,
+    np.dtype(ml_dtypes.float8_e4m3fnuz): TensorProto.FLOAT8E4M3FNUZ,
     np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int32): TensorProto.INT32, np.dtype(np.int8): TensorProto.INT8,
     np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int16): TensorProto.INT16, np.dtype(np.uint16): TensorProto.UINT16,
     np.dtype(np.bool_): TensorProto.BOOL,

@@ -4,9 +4,58 @@ genai_config names ONNX Runtime's own "MIGraphX" EP: onnxruntime-genai 0.18 has 
 name and passes it to OrtSessionOptions::AppendExecutionProvider, which works with an onnxruntime-migraphx wheel;
 inputs, outputs and the KV cache then live in CPU memory between steps. `-e rocm` writes genai's AMDGPU provider
 instead (GPU-resident cache). Both build the same graph: see docs/execution_providers.md.
+
+Every tensor type in that graph is one MIGraphX's ONNX parser reads (AMDMIGraphX src/onnx/onnx_parser.cpp get_type,
+commit f729a52): FP8 is float8e4m3fnuz with doubled scales (ops/fnuz.py), MXFP4/NVFP4 weights are INT8
+DequantizeLinear with blocked halved scales (quant/fp4_int8_dq.py). builder/ep_rules.py checks it.
 """
 from ..ep_rules import MIGRAPHX_MODEL_RULES, MIGRAPHX_RULES
 from .base import EPConfig
+
+FP8_NOTE = ("FP8 tensors are float8e4m3fnuz with doubled scales (MIGraphX's ONNX parser reads no float8e4m3fn: "
+            "onnx_parser.cpp get_type); MIGraphX runs FNUZ fp8 GEMMs natively on gfx94x (MI300) only, and computes "
+            "them in float on gfx950 (MI350), gfx12 and gfx90a (eliminate_data_type_for_gpu.cpp for_fp8fnuz, "
+            "device_name.cpp gfx_has_fp8fnuz_intrinsics): same numbers, no fp8 speed-up there")
+FP4_NOTE = ("FP4 weights are INT8 DequantizeLinear (2*e2m1, blocked scale/2, exact) -> MatMul: MIGraphX's parser "
+            "misreads float4e2m1 initializers (onnx_parser.cpp parse_tensor_shape halves INT4/UINT4 only), so no "
+            "native FP4 GEMM is used; the GEMM runs in the io dtype on every chip")
+MX_ACT_NOTE = ("MXFP4/NVFP4 activation fake-quantization is plain float ops (Abs, ReduceMax, Log, Floor, Round, "
+               "...; NVFP4 block scales through float8e4m3fnuz Q/DQ), not MIGraphX's MXQuantizeDequantize: "
+               "parse_mxqdq.cpp computes 2^floor(log2 amax) / 4, Quark's scale_calculation_mode 'floor', not its "
+               "default 'even', and divides by 0 on an all-zero block")
+
+REFUSED = {
+    "fp8_linear": {"matmul_block_fp8": "com.microsoft MatMulBlockQuantizedFp8Weight has no MIGraphX parser and "
+                   "takes float8e4m3fn, which MIGraphX's parser refuses (onnx_parser.cpp get_type)"},
+    "fp4_linear": {"dq_fp8": "float8e4m3fn is refused by MIGraphX's parser (onnx_parser.cpp get_type)",
+                   "native": "the FP4 custom ops have no MIGraphX parser (float4e2m1 is misread: "
+                   "onnx_parser.cpp parse_tensor_shape)",
+                   "matmul_nbits8": "MIGraphX parses 4-bit MatMulNBits only (parse_matmulnbits.cpp)"},
+}
+
+
+def _slots(spec):
+    return () if spec is None else tuple(spec.weight) + tuple(spec.input_tensors) + tuple(spec.output_tensors)
+
+
+def plan_notes(model_plan) -> list[str]:
+    """What `inspect` and the log say about this model on MIGraphX (only the forms it actually uses)."""
+    specs = [lp.spec for lp in model_plan.linears.values()]
+    quant = model_plan.quant
+    dtypes = {t.dtype for s in specs for t in _slots(s)}
+    if quant is not None and quant.softmax_spec is not None:
+        dtypes.add(quant.softmax_spec.dtype)
+    schemes = {lp.scheme.name for lp in model_plan.linears.values()}
+    notes = []
+    if "fp8_e4m3" in dtypes:
+        notes.append(FP8_NOTE)
+    if schemes & {"mxfp4", "nvfp4"} and model_plan.ep.fp4_linear == "dq_int8":
+        notes.append(FP4_NOTE)
+    if schemes & {"mxfp4", "nvfp4"} and any(s is not None and s.input_tensors and s.input_tensors[0].dtype == "fp4"
+                                           for s in specs) and model_plan.options.mx_activations == "emulate":
+        notes.append(MX_ACT_NOTE)
+    return notes
+
 
 CONFIG = EPConfig(
     name="migraphx",
@@ -19,7 +68,10 @@ CONFIG = EPConfig(
     int_weight_dequantize_fallback=True,   # 8-bit weight-only: DequantizeLinear(int8) -> MatMul instead
     matmul_nbits_bias_input=False,         # parse_matmulnbits.cpp ignores inputs 4 (g_idx) and 5 (bias)
     fp8_linear="qdq",
-    fp4_linear="dq_fp8",
+    fp8_format="e4m3fnuz",                 # onnx_parser.cpp get_type: 18 is the only fp8 type it reads
+    fp4_linear="dq_int8",
+    refused_forms=REFUSED,
+    plan_notes=plan_notes,
     custom_ops_backend="hip",
     constraints=MIGRAPHX_RULES,
     model_constraints=MIGRAPHX_MODEL_RULES,

@@ -29,6 +29,8 @@ import ml_dtypes
 import numpy as np
 from onnx import TensorProto
 
+from . import fnuz
+
 FLOAT32_EPS = float(np.finfo(np.float32).eps)
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
@@ -99,7 +101,7 @@ def emit_fp4_activation_qdq(ctx, x: str, spec: Fp4ActivationSpec, prefix: str) -
         scale = _mx_block_scale(g, c, amax, spec.scale_mode, p)
         divisor = scale
     else:
-        scale, divisor = _nv_block_scale(g, c, amax, spec.input_scale_2, p)
+        scale, divisor = _nv_block_scale(g, c, amax, spec.input_scale_2, p, fnuz.applies(ctx))
     scaled = g.op("Div", [blocks, divisor], f"{p}/DivScale")
     q = _e2m1_round(g, c, scaled, p)
     y = g.op("Mul", [q, scale], f"{p}/MulScale")
@@ -134,15 +136,20 @@ def _mx_block_scale(g, c, amax: str, mode: str, p: str) -> str:
     return g.op("Max", [scale, c["min_scale"]], f"{p}/ClampScale")
 
 
-def _nv_block_scale(g, c, amax: str, input_scale_2: float | None, p: str) -> tuple[str, str]:
-    """(scale to multiply back, divisor): amax/6 fake-quantized to e4m3 with the static input_scale_2."""
+def _nv_block_scale(g, c, amax: str, input_scale_2: float | None, p: str,
+                    as_fnuz: bool = False) -> tuple[str, str]:
+    """(scale to multiply back, divisor): amax/6 fake-quantized to e4m3 with the static input_scale_2
+    (as_fnuz: written as Clip + float8e4m3fnuz Q/DQ with 2 * input_scale_2, builder/ops/fnuz.py)."""
     s = g.op("Div", [amax, c["six"]], f"{p}/Div6")
     s = g.op("Where", [g.op("Equal", [s, c["zero"]], f"{p}/IsZero"), c["eps"], s], f"{p}/FillEps")
     if input_scale_2 is None:
         return s, s
-    s2 = g.initializer(f"{p}.input_scale_2", np.array(input_scale_2, dtype=np.float32))
-    sq = g.op("QuantizeLinear", [s, s2, c["fp8_zero"]], f"{p}/ScaleToE4m3", saturate=1)
-    sq = g.op("DequantizeLinear", [sq, s2], f"{p}/ScaleFromE4m3")
+    if as_fnuz:
+        sq = fnuz.scale_qdq(g, s, input_scale_2, np.float32, p)
+    else:
+        s2 = g.initializer(f"{p}.input_scale_2", np.array(input_scale_2, dtype=np.float32))
+        sq = g.op("QuantizeLinear", [s, s2, c["fp8_zero"]], f"{p}/ScaleToE4m3", saturate=1)
+        sq = g.op("DequantizeLinear", [sq, s2], f"{p}/ScaleFromE4m3")
     den = g.op("Where", [g.op("Equal", [sq, c["zero"]], f"{p}/ScaleIsZero"), c["eps"], sq], f"{p}/SafeDivisor")
     return sq, den
 

@@ -7,11 +7,15 @@ Dynamic FP8 activation (per-tensor or per-token, scale = amax / 448 at run time,
     x / s ──► QuantizeLinear(1.0, fp8) ──► DequantizeLinear(1.0) = u        (u * s is Quark's fake-quantized x)
 Weights: the checkpoint's fp8/int8 [out, in] matrix transposed to [in, out], DequantizeLinear with a scalar or
 per-axis (axis=1) scale, so MIGraphX's simplify_qdq can turn DQ(x)·DQ(w) into an FP8/INT8 GEMM.
+Where the EP profile says fp8_format="e4m3fnuz" (MIGraphX), every fp8 Q/DQ here is written in float8e4m3fnuz with
+doubled scales instead (builder/ops/fnuz.py: the same numbers, in the only fp8 type MIGraphX's parser reads).
 """
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+
+from . import fnuz
 
 FP8_MAX = 448.0
 FP32_EPS = float(np.finfo(np.float32).eps)
@@ -33,6 +37,8 @@ def dequantize(ctx, q: str, scale: str, zp: str, name: str, axis: int | None = N
 
 def qdq_static(ctx, x: str, scale: float, qtype: str, name: str, zp_value: int = 0) -> str:
     """Fake-quantize x with a per-tensor checkpoint scale (and integer zero point)."""
+    if qtype == "fp8_e4m3" and fnuz.applies(ctx):
+        return fnuz.qdq_static(ctx, x, scale, name)
     g = ctx.graph
     s = g.scalar(f"{name}/scale", scale, ctx.io_np)
     zp = g.initializer(f"{name}/zero_point", zero_point(qtype, zp_value))
@@ -51,6 +57,8 @@ def fp8_dynamic_unit(ctx, x: str, per_token: bool, name: str) -> tuple[str, str]
     zero = g.op("Equal", [s, g.scalar(f"{name}/zero", 0.0, ctx.io_np)], f"{name}/Equal_zero")
     s = g.op("Where", [zero, g.scalar(f"{name}/eps", FP32_EPS, ctx.io_np), s], f"{name}/scale")
     xs = g.op("Div", [x, s], f"{name}/Div_scale")
+    if fnuz.applies(ctx):
+        return fnuz.unit_qdq(ctx, xs, name), s
     one = g.scalar(f"{name}/unit_scale", 1.0, ctx.io_np)
     zp = g.initializer(f"{name}/zero_point", zero_point("fp8_e4m3"))
     return dequantize(ctx, quantize(ctx, xs, one, zp, name), one, zp, name), s
@@ -59,6 +67,8 @@ def fp8_dynamic_unit(ctx, x: str, per_token: bool, name: str) -> tuple[str, str]
 def weight_dq(ctx, base: str, q_t: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, name: str) -> str:
     """DequantizeLinear of a transposed [in, out] quantized weight; scale scalar or [out] (axis=1)."""
     g = ctx.graph
+    if q_t.dtype == ml_dtypes.float8_e4m3fn and fnuz.applies(ctx):
+        q_t, scale = fnuz.weight_arrays(q_t, scale, base)
     w = g.initializer(f"{base}.weight.T.q", np.ascontiguousarray(q_t))
     per_axis = scale.size > 1
     s = g.initializer(f"{base}.weight_scale.dq", (scale.reshape(-1) if per_axis else scale.reshape(()))

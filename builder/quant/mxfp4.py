@@ -6,7 +6,8 @@ weight_scale uint8 e8m0 [out, in/32]; no input tensors (activation scales are co
 Per execution provider (EPConfig.fp4_linear, overridable with --extra_options fp4_linear=...):
   matmul_nbits8  com.microsoft MatMulNBits bits=8 block 32: u = 2*e2m1 + 128, scale = 2^(s-127) / 2 (lossless)
   native         com.quark_onnx MatMulMxfp4(A, B, B_scale) custom op + its ONNX-function fallback (CUDA)
-  dq_fp8         DequantizeLinear(e2m1 coded as float8e4m3fn [K, N], blocked scale [K/32, N]) -> MatMul (MIGraphX)
+  dq_fp8         DequantizeLinear(e2m1 coded as float8e4m3fn [K, N], blocked scale [K/32, N]) -> MatMul
+  dq_int8        DequantizeLinear(int8 2*e2m1 [K, N], blocked scale/2) -> MatMul (MIGraphX: quant/fp4_int8_dq.py)
   dense          MatMul on the dequantized weight in the io dtype (exact in fp32; CPU: as fast as float weights,
                  8-bit MatMulNBits is exact only at accuracy_level 1, where it is ~17x slower, docs/fp4.md)
 Activations: Quark's MXFP4 dynamic fake-quant emulated in front of the matmul (ops/mx_activation.py) unless
@@ -24,9 +25,11 @@ from ..errors import ConversionError
 from ..ops.matmul_nbits import emit_matmul_nbits
 from ..ops.mx_activation import MX_SCALE_MODES, Fp4ActivationSpec, emit_fp4_activation_qdq
 from . import fp4_codes
+from .fp4_int8_dq import DESCRIBE as DQ_INT8_DESCRIBE
+from .fp4_int8_dq import emit_weight_dq_int8
 from .base import LinearPlan, Scheme
 
-FP4_LINEAR_METHODS = ("matmul_nbits8", "native", "dq_fp8", "dense")
+FP4_LINEAR_METHODS = ("matmul_nbits8", "native", "dq_fp8", "dq_int8", "dense")
 MX_ACTIVATION_OPTIONS = ("emulate", "skip")
 MXFP4_GROUP = 32
 
@@ -115,7 +118,8 @@ def emit_weight_dense(ctx, plan: LinearPlan, x: str, w: Fp4Weight) -> str:
 
 
 def emit_fp4_weight(ctx, plan: LinearPlan, x: str, w: Fp4Weight, method: str) -> str:
-    emitters = {"dq_fp8": emit_weight_dq_fp8, "dense": emit_weight_dense, "matmul_nbits8": emit_weight_matmul_nbits8}
+    emitters = {"dq_fp8": emit_weight_dq_fp8, "dense": emit_weight_dense, "matmul_nbits8": emit_weight_matmul_nbits8,
+                "dq_int8": emit_weight_dq_int8}
     return emitters[method](ctx, plan, x, w)
 
 
@@ -178,6 +182,7 @@ class Mxfp4Linear(Scheme):
         return {"matmul_nbits8": f"MatMulNBits bits=8 block_size=32 (lossless 2*e2m1+128){act}",
                 "native": f"com.quark_onnx MatMulMxfp4 (+ function fallback){act}",
                 "dq_fp8": f"DequantizeLinear(e2m1 as float8e4m3fn, block 32) -> MatMul{act}",
+                "dq_int8": DQ_INT8_DESCRIBE.format(group=MXFP4_GROUP) + act,
                 "dense": f"MatMul (dequantized MXFP4 weight){act}"}[ep.fp4_linear]
 
     @classmethod

@@ -10,6 +10,7 @@ Per execution provider (EPConfig.fp4_linear, --extra_options fp4_linear=...):
   matmul_nbits8  MatMulNBits bits=8 block 16: u = 2*e2m1 + 128, scale = e4m3 * weight_scale_2 / 2
   native         com.microsoft MatMulBlockQuantizedFp4Weight (CUDA, fp16/bf16 io only; fp32 io -> matmul_nbits8)
   dq_fp8         DequantizeLinear(e2m1 coded as float8e4m3fn [K, N], blocked scale [K/16, N]) -> MatMul
+  dq_int8        DequantizeLinear(int8 2*e2m1 [K, N], blocked scale/2) -> MatMul (MIGraphX: quant/fp4_int8_dq.py)
   dense          MatMul on the dequantized weight (see mxfp4.py)
 Activations: ops/mx_activation.py, with input_scale_2 as the static scale of the e4m3 activation block scales.
 """
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..ops.mx_activation import Fp4ActivationSpec, emit_fp4_activation_qdq
 from . import fp4_codes
+from .fp4_int8_dq import DESCRIBE as DQ_INT8_DESCRIBE
 from .base import LinearPlan, Scheme
 from .mxfp4 import (Fp4Weight, check_real_quantized, emit_fp4_weight, emulate_activations, expect_tensor, fail,
                     fp4_linear_method)
@@ -72,6 +74,7 @@ class Nvfp4Linear(Scheme):
         return {"matmul_nbits8": f"MatMulNBits bits=8 block_size=16 (lossless 2*e2m1+128){act}",
                 "native": f"com.microsoft MatMulBlockQuantizedFp4Weight (fp16/bf16 io){act}",
                 "dq_fp8": f"DequantizeLinear(e2m1 as float8e4m3fn, block 16) -> MatMul{act}",
+                "dq_int8": DQ_INT8_DESCRIBE.format(group=NVFP4_GROUP) + act,
                 "dense": f"MatMul (dequantized NVFP4 weight){act}"}[ep.fp4_linear]
 
     @classmethod
