@@ -34,9 +34,11 @@ def exports(quark_exports):
 
 
 def fp8_weight_dq_count(model_dir: Path) -> int:
-    """DequantizeLinear nodes reading an FLOAT8E4M3FN initializer (the weight side of a QDQ MatMul)."""
+    """DequantizeLinear nodes reading an fp8 initializer (the weight side of a QDQ MatMul): FLOAT8E4M3FN, or
+    FLOAT8E4M3FNUZ on rocm/migraphx (builder/ops/fnuz.py)."""
     m = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
-    fp8 = {t.name for t in m.graph.initializer if t.data_type == onnx.TensorProto.FLOAT8E4M3FN and t.dims}
+    fp8_types = (onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ)
+    fp8 = {t.name for t in m.graph.initializer if t.data_type in fp8_types and t.dims}
     return sum(1 for n in m.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in fp8)
 
 

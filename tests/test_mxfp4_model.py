@@ -56,10 +56,11 @@ def test_mxfp4_skip_activations_is_weight_only(mxfp4_export, tmp_path):
     assert "Round" not in op_types(out)
 
 
-def test_mxfp4_migraphx_dq_path_runs_on_cpu(mxfp4_export, tmp_path):
-    """The MIGraphX weight path (DequantizeLinear of e2m1 coded as float8e4m3fn, blocked scales) is exact too."""
+def test_mxfp4_dq_fp8_path_runs_on_cpu(mxfp4_export, tmp_path):
+    """fp4_linear=dq_fp8 (DequantizeLinear of e2m1 coded as float8e4m3fn, blocked scales) is exact too. MIGraphX's
+    parser refuses float8e4m3fn, so rocm/migraphx use dq_int8 instead (tests/test_migraphx_forms.py)."""
     ref = np.load(mxfp4_export / "reference.npz")
-    out = build(mxfp4_export, tmp_path / "m", ep="migraphx")
+    out = build(mxfp4_export, tmp_path / "m", ep="cpu", fp4_linear="dq_fp8")
     counts = op_types(out)
     assert counts.get("DequantizeLinear", 0) >= 14 and "MatMulNBits" not in counts
     logits = prompt_logits(out, ref["input_ids"])

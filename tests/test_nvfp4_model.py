@@ -41,9 +41,9 @@ def test_nvfp4_input_scale_2_is_used(nvfp4_export, tmp_path):
     assert np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max() > 100 * LOGIT_TOL
 
 
-def test_nvfp4_migraphx_dq_path_runs_on_cpu(nvfp4_export, tmp_path):
+def test_nvfp4_dq_fp8_path_runs_on_cpu(nvfp4_export, tmp_path):
     ref = np.load(nvfp4_export / "reference.npz")
-    out = build(nvfp4_export, tmp_path / "m", ep="migraphx")
+    out = build(nvfp4_export, tmp_path / "m", ep="cpu", fp4_linear="dq_fp8")
     assert "MatMulNBits" not in op_types(out)
     assert np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max() < LOGIT_TOL
 
