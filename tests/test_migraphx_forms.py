@@ -2,7 +2,7 @@
 
 Types: AMDMIGraphX src/onnx/onnx_parser.cpp get_type (commit f729a52) reads 1-7, 9-13, 16, 18, 21, 22 and misreads
 23 (float4e2m1, parse_tensor_shape); the list is written out here, independently of builder/ep_configs. Every
-initializer, graph input/output, value_info, Constant value, Cast `to` and QuantizeLinear `output_dtype` (also inside
+initializer, graph input/output, value_info, Constant value, Cast `to` and Quantize/DequantizeLinear `output_dtype` (also inside
 model-local functions) is walked, and no float8e4m3fnuz initializer may hold byte 0x80 (NaN in FNUZ).
 Numerics: the same graphs (fp32) run on ONNX Runtime CPU, whose QuantizeLinear/DequantizeLinear take float8e4m3fnuz:
   - FP8 / INT8 W8A8 (+ FP8 KV cache, FP8 attention), uint4 + FP8 attention: against the PyTorch emulation of Quark's
@@ -75,8 +75,8 @@ def element_types(model: onnx.ModelProto) -> list[tuple[str, int]]:
                 found.append((f"{n.op_type} {n.name} {a.name}", a.t.data_type))
             elif a.name == "to" and n.op_type == "Cast":
                 found.append((f"Cast {n.name} to", a.i))
-            elif a.name == "output_dtype" and n.op_type == "QuantizeLinear":
-                found.append((f"QuantizeLinear {n.name} output_dtype", a.i))
+            elif a.name == "output_dtype" and n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+                found.append((f"{n.op_type} {n.name} output_dtype", a.i))
     return found
 
 
