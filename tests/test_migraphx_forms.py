@@ -34,6 +34,8 @@ from w8a8_emulation import TOL_VS_EMULATION, emulate
 
 from builder.convert import convert
 from builder.emit_context import BuildOptions
+from builder.ep_check import check_findings
+from builder.ep_configs import get_ep
 from builder.errors import ConversionError
 
 # onnx_parser.cpp get_type: the element types it maps (case 1..13 without 8, 16, 18, 21, 22); 23 is misread
@@ -127,7 +129,11 @@ def test_cpu_graph_is_what_migraphx_refuses(exports, tmp_path, recipe):
     out = _convert(exports[recipe], tmp_path / "cpu", "cpu")
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
     types = {t for _w, t in element_types(model)}
-    assert (T.FLOAT8E4M3FN in types) == (recipe not in ("int8_w8a8", "mxfp4"))
+    has_fn = recipe not in ("int8_w8a8", "mxfp4")
+    assert (T.FLOAT8E4M3FN in types) == has_fn
+    parser_errors = {f.rule for f in check_findings(out / "model.onnx", get_ep("migraphx")) if f.severity == "error"}
+    assert ("migraphx-parser-type" in parser_errors) == has_fn
+    assert ("migraphx-parser-graph-types" in parser_errors) == has_fn
 
 
 # ---------------------------------------------------------------------------------------------- numerics
