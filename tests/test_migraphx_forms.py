@@ -2,8 +2,8 @@
 
 Types: AMDMIGraphX src/onnx/onnx_parser.cpp get_type (commit f729a52) reads 1-7, 9-13, 16, 18, 21, 22 and misreads
 23 (float4e2m1, parse_tensor_shape); the list is written out here, independently of builder/ep_configs. Every
-initializer, graph input/output, value_info, Constant value, Cast `to` and Quantize/DequantizeLinear `output_dtype` (also inside
-model-local functions) is walked, and no float8e4m3fnuz initializer may hold byte 0x80 (NaN in FNUZ).
+initializer, graph input/output, value_info, Constant value, Cast `to` and Quantize/DequantizeLinear `output_dtype`
+(also inside model-local functions) is walked, and no float8e4m3fnuz initializer may hold byte 0x80 (NaN in FNUZ).
 Numerics: the same graphs (fp32) run on ONNX Runtime CPU, whose QuantizeLinear/DequantizeLinear take float8e4m3fnuz:
   - FP8 / INT8 W8A8 (+ FP8 KV cache, FP8 attention), uint4 + FP8 attention: against the PyTorch emulation of Quark's
     fake quantization (tests/w8a8_emulation.py), as closely as the CPU graph (measured: identical logits, 0.0);

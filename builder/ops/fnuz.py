@@ -8,9 +8,9 @@ Same bits, half the value: e4m3fnuz has exponent bias 8, e4m3fn bias 7, so every
 subnormal) read as e4m3fnuz is value(b) / 2, and the e4m3fn grid scaled by 1/2 is the e4m3fnuz grid below 224.
 Hence, for any scale s:
     Quark:  fp8_e4m3fn(clip(x / s, +-448)) * s   ==   fp8_e4m3fnuz(clip(x, +-448 s) / (2 s)) * (2 s)
-The explicit clip (Min/Max, see saturate) is needed: QuantizeLinear saturates to the *target* type's max, 240 for e4m3fnuz (ORT's kernel
-and MIGraphX's op::quantizelinear::compute, which clamps to numeric_limits<quant_type>::max()), and 240 = 480 in
-e4m3fn terms is not on Quark's grid. Byte 0x80 is -0 in e4m3fn and NaN in e4m3fnuz: weights map it to 0x00;
+The explicit clip (Min/Max, see saturate) is needed: QuantizeLinear saturates to the *target* type's max, 240 for
+e4m3fnuz (ORT's kernel and MIGraphX's op::quantizelinear::compute, which clamps to
+numeric_limits<quant_type>::max()), and 240 = 480 in e4m3fn terms is not on Quark's grid. Byte 0x80 is -0 in e4m3fn and NaN in e4m3fnuz: weights map it to 0x00;
 QuantizeLinear never writes it (FNUZ has no -0, -0.0 quantizes to 0x00 in ORT). e4m3fn's NaN bytes 0x7F/0xFF
 would become 240/-240: a weight holding them is refused.
 What MIGraphX does with it on the GPU (src/targets/gpu/eliminate_data_type_for_gpu.cpp for_fp8fnuz, device_name.cpp):
