@@ -1,0 +1,107 @@
+"""DeepseekV3ForCausalLM: MLA with materialised per-head K/V in GroupQueryAttention, grouped sigmoid top-k routing,
+shared experts, first dense layers (builder/arch/deepseek_v3.py), tests/quark_factory.py "deepseek_v3" (q LoRA,
+interleaved rope, qk head 32 > v head 16) and "deepseek_v3_qproj_yarn" (q_proj, rotate-half rope, yarn with mscale,
+qk head 16 < v head 32). Quark's deepseek_v3 template keeps self_attn, the routers and lm_head float.
+
+- the float checkpoint each export was made from against transformers' own DeepseekV3ForCausalLM logits;
+- uint4 g32, MXFP4 (weights + dynamic MXFP4 activations) and FP8 W8A8 with Quark's FP8 KV cache on kv_b_proj,
+  against Quark's own model: prompt logits, and 16 greedy tokens through og.Generator (KV cache, one token a step);
+- graph layout per EP; refusals of what the family cannot express.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from builder.arch import family_for
+from builder.errors import ConversionError
+from onnx_helpers import build, genai_greedy, op_types, prompt_logits
+
+QUARK_EXPORTS = [("deepseek_v3", "uint4_g32"), ("deepseek_v3", "mxfp4"), ("deepseek_v3", "fp8_w8a8_kv"),
+                 ("deepseek_v3_qproj_yarn", "uint4_g32")]
+LAYERS, MOE_LAYERS, EXPERTS = 2, 1, 8
+
+# bound, measured (fp32 io, CPU, accuracy_level=1)
+LOGIT_BOUNDS = {("deepseek_v3", "uint4_g32"): 1e-4, ("deepseek_v3", "mxfp4"): 1e-4,
+                ("deepseek_v3", "fp8_w8a8_kv"): 1e-4, ("deepseek_v3_qproj_yarn", "uint4_g32"): 1e-4}
+
+
+@pytest.mark.parametrize("shape", ["deepseek_v3", "deepseek_v3_qproj_yarn"])
+def test_float_checkpoint_matches_transformers(quark_exports, tmp_path, shape):
+    export = quark_exports(shape, "uint4_g32")
+    out = build(export / "float", tmp_path / "onnx", "cpu", "fp32")
+    ref = np.load(export / "reference.npz")
+    diff = float(np.abs(prompt_logits(out, ref["input_ids"]) - ref["float_logits"]).max())
+    assert diff <= 1e-4, diff
+    assert op_types(out).get("MatMulNBits", 0) == 0
+
+
+@pytest.mark.parametrize("shape,recipe", QUARK_EXPORTS)
+def test_quantized_matches_quark(quark_exports, tmp_path, shape, recipe):
+    export = quark_exports(shape, recipe)
+    out = build(export, tmp_path / "onnx", "cpu", "fp32", accuracy_level=1)
+    ref = np.load(export / "reference.npz")
+    diff = float(np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max())
+    assert diff <= LOGIT_BOUNDS[(shape, recipe)], diff
+    assert genai_greedy(out, ref["input_ids"]) == ref["greedy"].tolist()
+
+
+def test_fp16_io_matches_quark(quark_exports, tmp_path):
+    export = quark_exports("deepseek_v3", "uint4_g32")
+    out = build(export, tmp_path / "onnx", "cpu", "fp16", accuracy_level=1)
+    ref = np.load(export / "reference.npz")
+    diff = float(np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max())
+    assert diff <= 2e-2, diff
+    assert genai_greedy(out, ref["input_ids"]) == ref["greedy"].tolist()
+
+
+@pytest.mark.parametrize("ep,precision", [("cpu", "fp32"), ("cuda", "fp16"), ("migraphx", "fp16")])
+def test_graph_layout(quark_exports, tmp_path, ep, precision):
+    ops = op_types(build(quark_exports("deepseek_v3", "uint4_g32"), tmp_path / "onnx", ep, precision))
+    assert ops["GroupQueryAttention"] == LAYERS
+    assert "QMoE" not in ops
+    # dense layer: gate/up fused + down; MoE layer: every expert's and the shared expert's gate/up fused, one
+    # down_proj per expert + the shared down_proj; attention and lm_head float
+    assert ops["MatMulNBits"] == (LAYERS - MOE_LAYERS) * 2 + MOE_LAYERS * (1 + EXPERTS + 1)
+    assert ops["TopK"] == 3 * MOE_LAYERS and ops["Sigmoid"] >= MOE_LAYERS
+    # per layer q_a, q_b, kv_a, kv_b, o_proj; routers; lm_head
+    assert ops["MatMul"] == 5 * LAYERS + MOE_LAYERS + 1
+
+
+def test_fp8_kv_cache_is_emulated_on_kv_b_proj(quark_exports, tmp_path):
+    ops = op_types(build(quark_exports("deepseek_v3", "fp8_w8a8_kv"), tmp_path / "onnx", "cpu", "fp32"))
+    assert ops["GroupQueryAttention"] == LAYERS
+
+
+CFG = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+       "moe_intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+       "vocab_size": 256, "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+       "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2, "n_shared_experts": 1,
+       "first_k_dense_replace": 1, "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+       "qk_rope_head_dim": 16, "v_head_dim": 16, "routed_scaling_factor": 2.5,
+       "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+
+
+def test_hyper_parameters():
+    _family, hp = family_for(CFG, "config.json")
+    assert (hp.head_dim, hp.num_kv_heads, hp.softmax_scale) == (32, 4, 32 ** -0.5)
+    assert (hp.num_experts, hp.n_group, hp.topk_group, hp.first_k_dense_replace) == (8, 4, 2, 1)
+
+
+@pytest.mark.parametrize("overrides,message,field", [
+    ({"num_key_value_heads": 2}, "must equal num_attention_heads", "num_key_value_heads=2"),
+    ({"hidden_act": "gelu"}, "SiLU", "hidden_act='gelu'"),
+    ({"scoring_func": "softmax"}, "routing not supported", "scoring_func='softmax'"),
+    ({"topk_method": "greedy"}, "routing not supported", "topk_method='greedy'"),
+    ({"n_group": 3}, "groups of at least 2", "n_group=3"),
+    ({"topk_group": 5}, "exceeds n_group", "topk_group=5"),
+    ({"num_experts_per_tok": 5}, "exceeds the experts", "num_experts_per_tok=5"),
+    ({"qk_rope_head_dim": 15}, "even", "qk_rope_head_dim=15"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4}}, "rope type", "rope_type='llama3'"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "original_max_position",
+     "original_max_position_embeddings=None"),
+])
+def test_unsupported_configs_are_refused(overrides, message, field):
+    with pytest.raises(ConversionError, match=message) as err:
+        family_for(dict(CFG, **overrides), "config.json")
+    assert field in str(err.value)
