@@ -49,7 +49,7 @@ SHARED = "model.layers.{i}.mlp.shared_experts"
 ROUTER = "model.layers.{i}.mlp.gate.weight"
 ROUTER_BIAS = "model.layers.{i}.mlp.gate.e_score_correction_bias"
 
-default_attention = None  # MLA is emitted by build_graph itself (attention variants do not apply)
+default_attention = None  # MLA is emitted by build_graph itself; plan_attention replaces the attention variants
 
 
 @dataclass(frozen=True)
@@ -254,12 +254,21 @@ def float_tensors(hp: DeepseekHyper) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def kv_cache_scales(ctx, hp: DeepseekHyper, plans: dict) -> list[float | None]:
-    """Quark's FP8 KV cache on MLA: an output quantizer on kv_b_proj (template kv_layers_name "*kv_b_proj")."""
+@dataclass(frozen=True)
+class MlaPlan:
+    """What build_graph needs besides the linears: the FP8 KV-cache scale of each layer (None: no quantizer)."""
+    kv_scales: tuple[float | None, ...]
+
+
+def plan_attention(model_plan, ckpt) -> MlaPlan:
+    """Quark's FP8 KV cache on MLA is an output quantizer on kv_b_proj (its template's kv_layers_name "*kv_b_proj"):
+    read and checked here, before anything is written. --extra_options kv_cache=off ignores it (with a note);
+    native is refused (a float8 GroupQueryAttention cache would not hold Quark's values)."""
+    hp, quant = model_plan.hp, model_plan.quant
     out = []
     for i in range(hp.num_layers):
         name = f"{ATTN.format(i=i)}.kv_b_proj"
-        spec = plans[name].spec
+        spec = model_plan.linears[name].spec
         if spec is None or not spec.output_tensors:
             out.append(None)
             continue
@@ -267,13 +276,30 @@ def kv_cache_scales(ctx, hp: DeepseekHyper, plans: dict) -> list[float | None]:
         if len(spec.output_tensors) != 1 or t.dtype != "fp8_e4m3" or t.qscheme != "per_tensor" or t.is_dynamic \
                 or t.symmetric is False:
             raise ConversionError("only static symmetric per_tensor fp8_e4m3 KV-cache quantization is supported",
-                                  file=ctx.quant.config_file, layer=name, field=f"{spec.source}.output_tensors",
+                                  file=quant.config_file, layer=name, field=f"{spec.source}.output_tensors",
                                   value=t.short(), accepted="fp8_e4m3 per_tensor sym")
-        if f"{name}.output_scale" not in ctx.ckpt:
-            raise ConversionError("output quantization configured but output_scale missing", file=ctx.source,
+        if f"{name}.output_scale" not in ckpt:
+            raise ConversionError("output quantization configured but output_scale missing", file=ckpt.model_dir,
                                   layer=f"{name}.output_scale", field="output_tensors.dtype", value=t.dtype)
-        out.append(scalar_scale(ctx.ckpt, f"{name}.output_scale"))
-    return out
+        out.append(scalar_scale(ckpt, f"{name}.output_scale"))
+    if quant is not None and quant.softmax_spec is not None:
+        raise ConversionError("FP8 attention (softmax_quant_spec) is not supported for DeepSeek-V3 MLA",
+                              file=quant.config_file, field="softmax_quant_spec", value=quant.softmax_spec.short())
+    mode, notes = model_plan.options.kv_cache, model_plan.notes
+    if mode not in ("auto", "emulate", "off"):
+        raise ConversionError("DeepSeek-V3 MLA: the cache is the materialised K/V in the io dtype; Quark's FP8 KV "
+                              "cache (kv_b_proj's output quantizer, before the rope part joins K) is emulated, a "
+                              "float8 GroupQueryAttention cache would quantize other values",
+                              field="--extra_options kv_cache", value=mode, accepted="auto, emulate, off")
+    if any(s is not None for s in out):
+        if mode == "off":
+            notes.append("kv_cache=off: the checkpoint's kv_b_proj.output_scale (FP8 KV cache) are ignored")
+            out = [None] * len(out)
+        else:
+            notes.append("FP8 KV cache emulated: kv_b_proj's output (k_nope and V of every head) is "
+                         "quantize-dequantized with kv_b_proj.output_scale; the cache holds those values in the io "
+                         "dtype")
+    return MlaPlan(tuple(out))
 
 
 def rope_caches(hp: DeepseekHyper, config_file: str) -> tuple[np.ndarray, np.ndarray]:
@@ -287,13 +313,12 @@ def rope_caches(hp: DeepseekHyper, config_file: str) -> tuple[np.ndarray, np.nda
             (np.sin(angles) * hp.rope_attention_factor).astype(np.float32))
 
 
-def build_graph(ctx, hp: DeepseekHyper, plans: dict, attention=None) -> None:
+def build_graph(ctx, hp: DeepseekHyper, plans: dict, attention: MlaPlan) -> None:
     g = ctx.graph
     io_values = llama.decoder_inputs(ctx, None)
     cos, sin = rope_caches(hp, str(ctx.source))
     rv = rope_values(ctx, g.initializer("cos_cache", cos.astype(ctx.io_np)),
                      g.initializer("sin_cache", sin.astype(ctx.io_np)))
-    kv_scales = kv_cache_scales(ctx, hp, plans)
 
     embed = ctx.float_initializer("model.embed_tokens.weight", "model.embed_tokens.weight")
     residual = g.op("Gather", [embed, io_values.input_ids], "/model/embed_tokens/Gather")
@@ -302,7 +327,7 @@ def build_graph(ctx, hp: DeepseekHyper, plans: dict, attention=None) -> None:
     for i in range(hp.num_layers):
         pre = f"model.layers.{i}"
         attn_out = mla_attention(ctx, i, x, plans, hp, rv, io_values.seqlens_k, io_values.total_seq_len,
-                                 io_values.layer_cache(ctx, i, hp), kv_scales[i])
+                                 io_values.layer_cache(ctx, i, hp), attention.kv_scales[i])
         x, residual = skip_rms_norm(ctx, attn_out, residual, f"{pre}.post_attention_layernorm.weight",
                                     hp.rms_norm_eps, f"/model/layers.{i}/post_attention_layernorm/SkipLayerNorm")
         mlp_out = moe_block(ctx, i, x, plans, hp) if hp.is_moe(i) else llama.llama_mlp(ctx, i, x, plans, hp)
