@@ -55,17 +55,18 @@ GEMMA_KWARGS = {
     "gemma3_text": dict(sliding_window=4, query_pre_attn_scalar=24, layer_types=["sliding_attention", "full_attention"],
                         pad_token_id=0),
 }
-# DeepSeek-V3 (TinyModelSpec.variant picks one): 8 routed experts in 4 groups, top-2 of the best 2 groups, a
-# shared expert, layer 0 dense; MLA with q LoRA, qk head 16 + 16 > v head 16 and interleaved rope ("") or q_proj,
-# qk head 8 + 8 < v head 32, rotate-half rope and yarn scaling with mscale ("qproj_yarn"). The router bias is
-# randomized (transformers inits it to 0) so that choosing by score + bias but weighting by score is tested.
+# DeepSeek-V3 (TinyModelSpec.variant picks one): 8 routed experts, a shared expert, layer 0 dense; "": MLA with
+# q LoRA, qk head 16 + 16 > v head 16, interleaved rope, top-3 experts of the best 2 of 4 groups; "qproj_yarn":
+# q_proj, qk head 8 + 8 < v head 32, rotate-half rope, yarn scaling with mscale, top-2 of the best of 2 groups.
+# The router bias is randomized (transformers inits it to 0) so that choosing by score + bias but weighting by
+# score is tested.
 DEEPSEEK_COMMON = dict(moe_intermediate_size=32, n_shared_experts=1, n_routed_experts=8, routed_scaling_factor=2.5,
-                       n_group=4, topk_group=2, num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=True,
-                       kv_lora_rank=32)
+                       first_k_dense_replace=1, norm_topk_prob=True, kv_lora_rank=32)
 DEEPSEEK_VARIANTS = {
-    "": dict(q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, rope_interleave=True),
+    "": dict(q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, rope_interleave=True,
+             n_group=4, topk_group=2, num_experts_per_tok=3),
     "qproj_yarn": dict(q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=32,
-                       rope_interleave=False,
+                       rope_interleave=False, n_group=2, topk_group=1, num_experts_per_tok=2,
                        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                         "original_max_position_embeddings": 64, "mscale": 1.0,
                                         "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}),
@@ -228,6 +229,8 @@ RECIPES: dict[str, QuantRecipe] = {
         _r("fp8_w8a8_kv_attn", "fp8", kv_cache_scheme="fp8", attention_scheme="fp8"),
         _r("ptpc_fp8", "ptpc_fp8"),
         _r("mxfp4", "mxfp4"),
+        # amd/DeepSeek-R1-MXFP4's shape: attention MXFP4 too (only lm_head and the router float), FP8 KV cache
+        _r("mxfp4_attn_kv", "mxfp4", exclude=("lm_head", "*mlp.gate"), kv_cache_scheme="fp8"),
         _r("nvfp4", "nvfp4"),
     ]
 }
@@ -266,7 +269,7 @@ def combo_problem(spec: TinyModelSpec, recipe: QuantRecipe) -> str | None:
     """Why this (spec, recipe) cannot make a valid export, or None. Group sizes must divide every in-features."""
     spec = recipe.apply_to(spec)
     in_features = {spec.hidden, spec.intermediate, spec.heads * (spec.head_dim or spec.hidden // spec.heads)}
-    if spec.arch == "deepseek_v3":  # Quark's template keeps self_attn float: the experts and MLPs are quantized
+    if spec.arch == "deepseek_v3":  # q_lora_rank, kv_lora_rank and H * v_head_dim are multiples of 32 here
         in_features = {spec.hidden, spec.intermediate, DEEPSEEK_COMMON["moe_intermediate_size"]}
     bad = sorted((g, n) for g in recipe.group_sizes for n in in_features if n % g)
     if bad:  # Quark raises "... is not divisible by group_size=64"
@@ -283,6 +286,8 @@ def cache_key(spec: TinyModelSpec, recipe: QuantRecipe, prompt_len: int = 8, new
     spec_fields = dataclasses.asdict(spec)
     if not spec_fields["variant"]:  # keeps the keys of every export made before the field existed
         del spec_fields["variant"]
+    if spec.arch == "deepseek_v3":  # its settings live in module dicts, not in spec fields
+        spec_fields["arch_config"] = {**DEEPSEEK_COMMON, **DEEPSEEK_VARIANTS[spec.variant]}
     blob = json.dumps(
         dict(spec=spec_fields, recipe=dataclasses.asdict(recipe), version=FACTORY_VERSION,
              prompt_len=prompt_len, new_tokens=new_tokens),

@@ -28,7 +28,10 @@ from onnx import TensorProto
 from ..errors import ConversionError
 from ..ops.linear import emit_linear, emit_linears
 from ..ops.mla_attention import mla_attention, rope_values
+from ..ops.grouped_qmoe import routed_qmoe
 from ..ops.grouped_topk_router import grouped_topk_weights
+from ..ops.mlp import silu_mlp
+from ..ops.moe import routed_block_size
 from ..ops.norm import rms_norm, skip_rms_norm
 from ..ops.rotary import inv_frequencies
 from ..quant.fp8_w8a8 import scalar_scale
@@ -339,8 +342,10 @@ def build_graph(ctx, hp: DeepseekHyper, plans: dict, attention: MlaPlan) -> None
 
 
 def moe_block(ctx, i: int, x: str, plans: dict, hp: DeepseekHyper) -> str:
-    """Routed experts, every one computed and weighted by the grouped top-k weights, plus the shared experts.
-    Every expert's gate/up (and the shared experts') share one matmul where their schemes agree."""
+    """Routed experts weighted by the grouped top-k weights, plus the shared experts. On CPU with 4-bit integer
+    experts: one QMoE computing only the chosen experts (builder/ops/grouped_qmoe.py); elsewhere, or with
+    --extra_options moe=dense, every expert computed and weighted (exact: the others weigh 0), every expert's
+    gate/up (and the shared experts') in one matmul where their schemes agree."""
     g = ctx.graph
     name, prefix = MLP.format(i=i), f"/model/layers.{i}/moe"
     weights = grouped_topk_weights(ctx, x, ROUTER.format(i=i), ROUTER_BIAS.format(i=i), hp, name, prefix)
@@ -348,6 +353,13 @@ def moe_block(ctx, i: int, x: str, plans: dict, hp: DeepseekHyper) -> str:
         weights = g.op("Cast", [weights], f"{prefix}/router/CastBack", to=ctx.io_type)
     experts = [tuple(plans[n] for n in expert_linears(hp, i, e)) for e in range(hp.num_experts)]
     shared = tuple(plans[n] for n in shared_linears(hp, i)) if hp.n_shared_experts else None
+    bs = routed_block_size(ctx, experts)  # CPU, moe=routed (default), 4-bit integer experts of one format
+    if bs is not None:
+        routed = routed_qmoe(ctx, x, weights, experts, hp.experts_per_token, name, prefix, bs)
+        if shared is None:
+            return routed
+        shared_out = silu_mlp(ctx, x, *shared, f"{prefix}/shared_experts")
+        return g.op("Add", [routed, shared_out], f"{prefix}/AddShared")
     first = [p for gate, up, _ in experts for p in (gate, up)] + (list(shared[:2]) if shared else [])
     gate_up = emit_linears(ctx, first, x, f"{name}.experts.gate_up_proj", f"{prefix}/experts/gate_up_proj")
     outs = []
