@@ -5,8 +5,9 @@ Per layer:
                     per-head K/V in GroupQueryAttention and its cache) ─► o_proj ─► +residual
       ─► RMSNorm ─► layers < first_k_dense_replace: SiLU MLP (mlp.gate/up/down_proj)
                     else: grouped sigmoid top-k routing (builder/ops/grouped_topk_router.py) over the routed
-                    experts, every expert computed and weighted (exact; zero weight for the experts not chosen),
-                    plus the shared experts' SiLU MLP ─► +residual
+                    experts: one QMoE on CPU for 4-bit integer experts (builder/ops/grouped_qmoe.py), else every
+                    expert computed and weighted (exact; zero weight for the experts not chosen); plus the shared
+                    experts' SiLU MLP ─► +residual
 Tensor names (amd-quark 0.13 exports from transformers 5, whose preprocess_for_quantization makes one nn.Linear per
 expert; the original DeepSeek checkpoints use the same names):
     model.layers.{i}.self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj, kv_a_proj_with_mqa, kv_a_layernorm,
