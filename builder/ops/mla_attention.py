@@ -91,7 +91,8 @@ def mla_attention(ctx, i: int, x: str, plans: dict, hp, rv: RopeValues, seqlens_
         q = emit_linear(ctx, plans[f"{pre}.q_proj"], x)
     else:
         q_a = emit_linear(ctx, plans[f"{pre}.q_a_proj"], x)
-        q_a = rms_norm(ctx, q_a, f"{pre}.q_a_layernorm.weight", hp.mla_norm_eps, f"{p}/q_a_layernorm/SimplifiedLayerNorm")
+        q_a = rms_norm(ctx, q_a, f"{pre}.q_a_layernorm.weight", hp.mla_norm_eps,
+                       f"{p}/q_a_layernorm/SimplifiedLayerNorm")
         q = emit_linear(ctx, plans[f"{pre}.q_b_proj"], q_a)
     q4 = g.op("Reshape", [q, g.const_i64(f"{p}/q_shape", [0, 0, h, qk])], f"{p}/q_reshape")
     q_nope, q_rot = g.node("Split", [q4, g.const_i64(f"{p}/q_split", [n, r])], f"{p}/q_split", outputs=2, axis=-1)
