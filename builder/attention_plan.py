@@ -17,6 +17,9 @@ def register_chooser(fn: Callable) -> Callable:
 
 def choose_attention(model_plan, ckpt) -> None:
     from . import attention_variants  # noqa: F401  (registers the FP8 KV-cache / FP8 attention chooser)
+    if hasattr(model_plan.family, "plan_attention"):  # a family with its own attention block (DeepSeek's MLA)
+        model_plan.attention = model_plan.family.plan_attention(model_plan, ckpt)
+        return
     for chooser in CHOOSERS:
         attention = chooser(model_plan, ckpt)
         if attention is not None:

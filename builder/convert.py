@@ -25,7 +25,8 @@ from .quark_reader import QuarkConfig, read_model_config
 
 
 # Output specs are read by the attention variants (builder/attention_variants.py), not by the linear schemes.
-OUTPUT_QUANTIZED_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+# DeepSeek-V3 (MLA): Quark's FP8 KV cache is an output quantizer on kv_b_proj (builder/arch/deepseek_v3.py).
+OUTPUT_QUANTIZED_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.kv_b_proj")
 
 
 @dataclass

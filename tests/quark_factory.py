@@ -42,6 +42,7 @@ ARCH_CLASSES = {
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),  # key = Quark's LLMTemplate name
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
 }
 # Gemma settings that make every difference from Llama visible in a 2-layer, 8-token model: sliding window 4 on
 # layer 0 only, attention scale 24**-0.5 != head_dim**-0.5, softcaps small enough to bend the logits (Gemma2),
@@ -53,6 +54,22 @@ GEMMA_KWARGS = {
                    pad_token_id=0),
     "gemma3_text": dict(sliding_window=4, query_pre_attn_scalar=24, layer_types=["sliding_attention", "full_attention"],
                         pad_token_id=0),
+}
+# DeepSeek-V3 (TinyModelSpec.variant picks one): 8 routed experts, a shared expert, layer 0 dense; "": MLA with
+# q LoRA, qk head 16 + 16 > v head 16, interleaved rope, top-3 experts of the best 2 of 4 groups; "qproj_yarn":
+# q_proj, qk head 8 + 8 < v head 32, rotate-half rope, yarn scaling with mscale, top-2 of the best of 2 groups.
+# The router bias is randomized (transformers inits it to 0) so that choosing by score + bias but weighting by
+# score is tested.
+DEEPSEEK_COMMON = dict(moe_intermediate_size=32, n_shared_experts=1, n_routed_experts=8, routed_scaling_factor=2.5,
+                       first_k_dense_replace=1, norm_topk_prob=True, kv_lora_rank=32)
+DEEPSEEK_VARIANTS = {
+    "": dict(q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, rope_interleave=True,
+             n_group=4, topk_group=2, num_experts_per_tok=3),
+    "qproj_yarn": dict(q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=32,
+                       rope_interleave=False, n_group=2, topk_group=1, num_experts_per_tok=2,
+                       rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                        "original_max_position_embeddings": 64, "mscale": 1.0,
+                                        "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}),
 }
 MOE_EXPERTS, MOE_TOP_K = 4, 2  # every "mixtral" spec (not TinyModelSpec fields: those would re-key every cache)
 BOS_ID, EOS_ID = 1, 2
@@ -75,6 +92,7 @@ class TinyModelSpec:
     max_position_embeddings: int = 256
     rope_theta: float = 10000.0
     init_std: float = 0.1  # larger than HF's 0.02 so that greedy top-2 logit margins are not tiny
+    variant: str = ""  # arch-specific sub-configuration (DEEPSEEK_VARIANTS); "" is left out of cache keys
 
     def hf_config(self):
         import transformers
@@ -107,6 +125,11 @@ class TinyModelSpec:
             kwargs["sliding_window"] = None
         if self.arch == "mixtral":
             kwargs.update(num_local_experts=MOE_EXPERTS, num_experts_per_tok=MOE_TOP_K)
+        if self.arch == "deepseek_v3":
+            kwargs.update(DEEPSEEK_COMMON, **DEEPSEEK_VARIANTS[self.variant])
+            kwargs["num_key_value_heads"] = self.heads  # MLA materialises one K/V per head
+        elif self.variant:
+            raise ValueError(f"TinyModelSpec.variant applies to deepseek_v3 only (arch={self.arch!r})")
         if self.arch in ("qwen2", "qwen3"):
             kwargs["use_sliding_window"] = False
         if self.arch in GEMMA_KWARGS:
@@ -206,6 +229,8 @@ RECIPES: dict[str, QuantRecipe] = {
         _r("fp8_w8a8_kv_attn", "fp8", kv_cache_scheme="fp8", attention_scheme="fp8"),
         _r("ptpc_fp8", "ptpc_fp8"),
         _r("mxfp4", "mxfp4"),
+        # amd/DeepSeek-R1-MXFP4's shape: attention MXFP4 too (only lm_head and the router float), FP8 KV cache
+        _r("mxfp4_attn_kv", "mxfp4", exclude=("lm_head", "*mlp.gate"), kv_cache_scheme="fp8"),
         _r("nvfp4", "nvfp4"),
     ]
 }
@@ -234,6 +259,9 @@ SHAPES: dict[str, TinyModelSpec] = {
     "gemma3": TinyModelSpec(arch="gemma3_text", head_dim=16),
     # sparse MoE, 4 experts top-2; Quark quantizes the per-expert linears that preprocess_for_quantization makes
     "mixtral": TinyModelSpec(arch="mixtral", intermediate=64),
+    # MLA + grouped sigmoid routing + shared expert + a first dense layer (DEEPSEEK_VARIANTS)
+    "deepseek_v3": TinyModelSpec(arch="deepseek_v3"),
+    "deepseek_v3_qproj_yarn": TinyModelSpec(arch="deepseek_v3", variant="qproj_yarn"),
 }
 
 
@@ -241,6 +269,8 @@ def combo_problem(spec: TinyModelSpec, recipe: QuantRecipe) -> str | None:
     """Why this (spec, recipe) cannot make a valid export, or None. Group sizes must divide every in-features."""
     spec = recipe.apply_to(spec)
     in_features = {spec.hidden, spec.intermediate, spec.heads * (spec.head_dim or spec.hidden // spec.heads)}
+    if spec.arch == "deepseek_v3":  # q_lora_rank, kv_lora_rank and H * v_head_dim are multiples of 32 here
+        in_features = {spec.hidden, spec.intermediate, DEEPSEEK_COMMON["moe_intermediate_size"]}
     bad = sorted((g, n) for g in recipe.group_sizes for n in in_features if n % g)
     if bad:  # Quark raises "... is not divisible by group_size=64"
         return f"group sizes do not divide in-features (group, in): {bad}"
@@ -253,8 +283,13 @@ def combo_problem(spec: TinyModelSpec, recipe: QuantRecipe) -> str | None:
 # ----------------------------------------------------------------------------------------------- cache
 
 def cache_key(spec: TinyModelSpec, recipe: QuantRecipe, prompt_len: int = 8, new_tokens: int = 16) -> str:
+    spec_fields = dataclasses.asdict(spec)
+    if not spec_fields["variant"]:  # keeps the keys of every export made before the field existed
+        del spec_fields["variant"]
+    if spec.arch == "deepseek_v3":  # its settings live in module dicts, not in spec fields
+        spec_fields["arch_config"] = {**DEEPSEEK_COMMON, **DEEPSEEK_VARIANTS[spec.variant]}
     blob = json.dumps(
-        dict(spec=dataclasses.asdict(spec), recipe=dataclasses.asdict(recipe), version=FACTORY_VERSION,
+        dict(spec=spec_fields, recipe=dataclasses.asdict(recipe), version=FACTORY_VERSION,
              prompt_len=prompt_len, new_tokens=new_tokens),
         sort_keys=True,
     )
@@ -262,7 +297,8 @@ def cache_key(spec: TinyModelSpec, recipe: QuantRecipe, prompt_len: int = 8, new
 
 
 def export_dir_for(root: str | Path, spec: TinyModelSpec, recipe: QuantRecipe, prompt_len=8, new_tokens=16) -> Path:
-    return Path(root) / f"{recipe.name}-{spec.arch}-h{spec.hidden}-{spec.dtype}-{cache_key(spec, recipe, prompt_len, new_tokens)}"
+    arch = f"{spec.arch}_{spec.variant}" if spec.variant else spec.arch
+    return Path(root) / f"{recipe.name}-{arch}-h{spec.hidden}-{spec.dtype}-{cache_key(spec, recipe, prompt_len, new_tokens)}"
 
 
 def is_complete(out_dir: Path) -> bool:
@@ -393,13 +429,19 @@ def _new_model(spec: TinyModelSpec, torch_dtype, tie: bool | None = None):
             for name, p in model.named_parameters():
                 if name.endswith("norm.weight"):
                     p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    if spec.arch == "deepseek_v3":  # HF inits e_score_correction_bias to 0: a random one tests that it only chooses
+        gen = torch.Generator().manual_seed(spec.seed + 200)
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    b.copy_(0.5 * torch.randn(b.shape, generator=gen))
     return model.to(torch_dtype).eval().requires_grad_(False)
 
 
 def _split_experts(model, spec: TinyModelSpec):
     """MoE models: Quark's own preprocess (what its LLM PTQ flow runs) turns transformers 5's fused 3-D expert
     parameters into one nn.Linear per expert and projection, the modules it quantizes and exports."""
-    if spec.arch == "mixtral":
+    if spec.arch in ("mixtral", "deepseek_v3"):
         from quark.torch.utils.llm.model_preparation import preprocess_for_quantization
         preprocess_for_quantization(model)
     return model
@@ -476,6 +518,8 @@ def build_export(out: Path, spec: TinyModelSpec, recipe: QuantRecipe, prompt_len
     params = {n: p.detach().float() for n, p in model.named_parameters()}
     # not model.weight: for two-stage schemes (nvfp4) freeze leaves the float weight there
     params.update({f"{name}.weight": torch.from_numpy(w) for name, w in dequant.items()})
+    plain_state = plain.state_dict()  # persistent buffers too (DeepSeek's e_score_correction_bias)
+    params.update({n: b.detach().float() for n, b in model.named_buffers() if n in plain_state and n not in params})
     if "lm_head.weight" not in params:
         params["lm_head.weight"] = params["model.embed_tokens.weight"]
     missing, unexpected = plain.load_state_dict(params, strict=False)
@@ -546,8 +590,9 @@ def check_export(quark_dir: Path, spec: TinyModelSpec, recipe: QuantRecipe, quan
     for pattern in recipe.exclude or ():
         if pattern in quantized:
             problems.append(f"{pattern} was asked to be excluded but is quantized")
-    if recipe.kv_cache_scheme and not any(k.endswith("k_proj.output_scale") for k in index):
-        problems.append("kv_cache_scheme set but no k_proj.output_scale")
+    if recipe.kv_cache_scheme and not any(k.endswith(("k_proj.output_scale", "kv_b_proj.output_scale"))
+                                          for k in index):  # kv_b_proj: DeepSeek's MLA (Quark template)
+        problems.append("kv_cache_scheme set but no k_proj.output_scale (nor kv_b_proj.output_scale)")
     if recipe.attention_scheme and not any(k.endswith("prob_output_scale") for k in index):
         problems.append("attention_scheme set but no self_attn.prob_output_scale")
     if problems:

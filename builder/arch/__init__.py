@@ -4,10 +4,10 @@ from __future__ import annotations
 from types import ModuleType
 
 from ..errors import ConversionError
-from . import gemma, llama, mixtral, phi3, qwen3
+from . import deepseek_v3, gemma, llama, mixtral, phi3, qwen3
 from .base import DecoderHyper, read_hyper
 
-FAMILIES: dict[str, ModuleType] = {name: module for module in (llama, qwen3, phi3, gemma, mixtral)
+FAMILIES: dict[str, ModuleType] = {name: module for module in (llama, qwen3, phi3, gemma, mixtral, deepseek_v3)
                                    for name in module.MODEL_TYPES}
 
 

@@ -10,7 +10,9 @@ class FloatLinear(Scheme):
 
     @classmethod
     def accepts(cls, spec) -> bool:
-        return spec is None
+        # float weights whose only quantization is of the output (an FP8 KV cache on an excluded projection, e.g.
+        # DeepSeek's kv_b_proj): the attention emitter reads the output spec, the matmul itself is float
+        return spec is None or (not spec.weight and not spec.input_tensors and bool(spec.output_tensors))
 
     @classmethod
     def check(cls, plan: LinearPlan, ckpt, ep) -> None:
