@@ -11,6 +11,7 @@ from pathlib import Path
 
 from . import arch as arch_registry
 from .checkpoint import Checkpoint
+from .custom_ops_library import check_custom_ops_library
 from .emit_context import BuildOptions, EmitContext
 from .ep_configs import get_ep
 from .ep_configs.base import EPConfig
@@ -53,6 +54,8 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
         raise ConversionError("input model folder not found", file=source)
     options = options or BuildOptions()
     check_options(options)
+    if options.custom_ops_library:
+        check_custom_ops_library(options.custom_ops_library)
     ep = apply_ep_overrides(get_ep(ep_name), options)
     io = precision or ep.default_precision
     if io not in ep.precisions:
@@ -181,13 +184,11 @@ def _emit_with_progress(ctx: EmitContext, plan: ModelPlan, log) -> None:
 
 
 def _bundle_custom_ops_library(path: str | None, out_dir: Path) -> str | None:
-    """Copy a custom-op library into the model folder (onnxruntime-genai resolves the path inside it)."""
+    """Copy a custom-op library (checked by plan_model) into the model folder: onnxruntime-genai resolves a relative
+    session_options.custom_ops_library against the model folder (docs/custom_ops_genai.md)."""
     if not path:
         return None
     lib = Path(path)
-    if not lib.is_file():
-        raise ConversionError("custom-op library not found", file=lib, field="--extra_options custom_ops_library",
-                              value=path)
     shutil.copyfile(lib, out_dir / lib.name)
     return lib.name
 
