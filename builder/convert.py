@@ -6,12 +6,13 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import arch as arch_registry
 from .checkpoint import Checkpoint
-from .custom_ops_library import check_custom_ops_library
+from .custom_ops_library import check_custom_ops_library, kernel_note
 from .emit_context import BuildOptions, EmitContext
 from .ep_configs import get_ep
 from .ep_configs.base import EPConfig
@@ -54,8 +55,7 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
         raise ConversionError("input model folder not found", file=source)
     options = options or BuildOptions()
     check_options(options)
-    if options.custom_ops_library:
-        check_custom_ops_library(options.custom_ops_library)
+    library_kernels = check_custom_ops_library(options.custom_ops_library) if options.custom_ops_library else ()
     ep = apply_ep_overrides(get_ep(ep_name), options)
     io = precision or ep.default_precision
     if io not in ep.precisions:
@@ -92,6 +92,9 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
                           has_bias=f"{name}.bias" in ckpt, node_prefix=prefix, weight_name=weight_name)
         scheme.check(plan, ckpt, ep)
         linears[name] = plan
+    custom = Counter(op for lp in linears.values()
+                     if (op := getattr(lp.scheme, "custom_op", lambda *_: None)(lp, ep, io)))
+    notes += [kernel_note(op, n, ep.name, options.custom_ops_library, library_kernels) for op, n in custom.items()]
     model_plan = ModelPlan(source, cfg, quant, family, hp, ep, io, options, linears, notes)
     from .attention_plan import choose_attention  # late import: attention variants register themselves
     choose_attention(model_plan, ckpt)

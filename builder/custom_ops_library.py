@@ -21,17 +21,25 @@ FIELD = "--extra_options custom_ops_library"
 LIBRARY_NAME = re.compile(r"\.(so(\.\d+)*|dylib|dll)$")
 MAGIC = {"linux": (b"\x7fELF",), "darwin": (b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe"), "win32": (b"MZ",)}
 LOAD_TIMEOUT_S = 120
-_LOAD_SCRIPT = ("import sys, onnxruntime as ort\n"
+# After ORT accepted it: which com.quark_onnx kernel builds it holds (a quark_onnx_ops build exports its C ABI).
+_LOAD_SCRIPT = ("import ctypes, sys, onnxruntime as ort\n"
                 "so = ort.SessionOptions()\n"
-                "so.register_custom_ops_library(sys.argv[1])\n")
+                "so.register_custom_ops_library(sys.argv[1])\n"
+                "lib = ctypes.CDLL(sys.argv[1])\n"
+                "kinds = ['cpu'] if hasattr(lib, 'qo_matmul_mxfp4_f32') else []\n"
+                "if hasattr(lib, 'qo_gpu_backend'):\n"
+                "    lib.qo_gpu_backend.restype = ctypes.c_char_p\n"
+                "    kinds.append(lib.qo_gpu_backend().decode())\n"
+                "print('QO_KERNELS=' + ','.join(kinds))\n")
 
 
 def _refuse(path: str, message: str) -> ConversionError:
     return ConversionError(message, file=path, field=FIELD, value=path)
 
 
-def check_custom_ops_library(path: str) -> Path:
-    """The library as a resolved Path, or ConversionError naming what is wrong with it."""
+def check_custom_ops_library(path: str) -> tuple[str, ...]:
+    """The kernel builds the library holds (("cpu",), ("cpu", "cuda"), () for a foreign custom-op library), or
+    ConversionError naming what is wrong with it."""
     lib = Path(path)
     if not lib.exists():
         raise _refuse(path, "custom-op library not found")
@@ -59,4 +67,24 @@ def check_custom_ops_library(path: str) -> Path:
         if result.returncode < 0:
             reason = f"the loading process died with signal {-result.returncode}"
         raise _refuse(path, f"ONNX Runtime cannot load it as a custom-op library: {reason[:300]}")
-    return lib.resolve()
+    marker = [ln for ln in result.stdout.splitlines() if ln.startswith("QO_KERNELS=")]
+    return tuple(k for k in marker[-1].split("=", 1)[1].split(",") if k) if marker else ()
+
+
+def kernel_note(op: str, count: int, ep_name: str, library: str | None, kernels: tuple[str, ...]) -> str:
+    """What runs a com.quark_onnx node on this EP, for `inspect` and the conversion log."""
+    head = f"com.quark_onnx.{op} x{count} on {ep_name}: "
+    if not library:
+        return head + ("its ONNX function (standard ops; the weight is dequantized on every run). For the kernel: "
+                       "--extra_options custom_ops_library=PATH (`python -m custom_ops.ort_library` builds one)")
+    if not kernels:
+        return head + f"the kernel of {Path(library).name} if it registers {op} (not a quark_onnx_ops build), else " \
+                      "its ONNX function"
+    if ep_name == "cpu" and "cpu" in kernels:
+        return head + f"the CPU kernel of {Path(library).name}"
+    if ep_name == "cuda" and "cuda" in kernels:
+        return head + f"the CUDA kernel of {Path(library).name} on ORT's CUDA stream"
+    if "cpu" in kernels:
+        return head + (f"the CPU kernel of {Path(library).name}: ORT places the node on the CPU EP and copies its "
+                       "input/output across (build with -DQO_WITH_CUDA=ON for a CUDA kernel)")
+    return head + "its ONNX function (the library has no kernel for this EP)"
