@@ -104,29 +104,69 @@ static void gemm_rows_times_block(const float* A, const float* block, int64_t n0
   }
 }
 
+/* ---- parallel loop: OpenMP by default, or the caller's runner (the ORT layer: ORT's intra-op thread pool) ---- */
+#if defined(_MSC_VER)
+#define QO_THREAD_LOCAL __declspec(thread)
+#else
+#define QO_THREAD_LOCAL __thread
+#endif
+static QO_THREAD_LOCAL const qo_parallel_runner* tls_runner = NULL;
+
+void qo_cpu_set_parallel_runner(const qo_parallel_runner* runner) { tls_runner = runner; }
+
+typedef struct {
+  const float* A;
+  int64_t M, N, K;
+  qo_decode_rows_fn decode;
+  const void* weight;
+  const float* row_scale;
+  const float* col_scale;
+  int64_t col_scale_count;
+  float* Y;
+  volatile int failed;
+} qo_gemm_job;
+
+static void gemm_block(qo_gemm_job* job, int64_t b, float* block) {
+  const int64_t n0 = b * QO_ROWS_PER_BLOCK;
+  const int64_t rows = (job->N - n0) < QO_ROWS_PER_BLOCK ? (job->N - n0) : QO_ROWS_PER_BLOCK;
+  job->decode(job->weight, n0, rows, job->K, block);
+  gemm_rows_times_block(job->A, block, n0, rows, job->M, job->N, job->K, job->row_scale, job->col_scale,
+                        job->col_scale_count, job->Y);
+}
+
+static void gemm_block_task(void* data, size_t b) { /* one task per block, its own decode buffer */
+  qo_gemm_job* job = (qo_gemm_job*)data;
+  float* block = (float*)malloc(sizeof(float) * QO_ROWS_PER_BLOCK * (size_t)job->K);
+  if (!block) {
+    job->failed = 1;
+    return;
+  }
+  gemm_block(job, (int64_t)b, block);
+  free(block);
+}
+
 static int gemm_decoded(const float* A, int64_t M, int64_t N, int64_t K, qo_decode_rows_fn decode,
                         const void* weight, const float* row_scale, const float* col_scale,
                         int64_t col_scale_count, float* Y) {
   const int64_t block_count = (N + QO_ROWS_PER_BLOCK - 1) / QO_ROWS_PER_BLOCK;
-  int failed = 0;
+  qo_gemm_job job = {A, M, N, K, decode, weight, row_scale, col_scale, col_scale_count, Y, 0};
+  const qo_parallel_runner* runner = tls_runner;
+  if (runner) {
+    if (runner->run(runner->context, gemm_block_task, (size_t)block_count, &job) != QO_OK) return QO_ERR_DEVICE;
+    return job.failed ? QO_ERR_ALLOC : QO_OK;
+  }
 #pragma omp parallel
   {
     float* block = (float*)malloc(sizeof(float) * QO_ROWS_PER_BLOCK * (size_t)K);
-    if (!block) {
-#pragma omp atomic write
-      failed = 1;
-    }
+    if (!block) job.failed = 1;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < block_count; ++b) {
       if (!block) continue;
-      const int64_t n0 = b * QO_ROWS_PER_BLOCK;
-      const int64_t rows = (N - n0) < QO_ROWS_PER_BLOCK ? (N - n0) : QO_ROWS_PER_BLOCK;
-      decode(weight, n0, rows, K, block);
-      gemm_rows_times_block(A, block, n0, rows, M, N, K, row_scale, col_scale, col_scale_count, Y);
+      gemm_block(&job, b, block);
     }
     free(block);
   }
-  return failed ? QO_ERR_ALLOC : QO_OK;
+  return job.failed ? QO_ERR_ALLOC : QO_OK;
 }
 
 static float* f16_to_f32_buffer(const uint16_t* src, int64_t count) {
