@@ -1,7 +1,7 @@
 """CPU speed of each com.quark_onnx kernel (custom-op library) against its ONNX-function fallback and against the
 standard-op form the builder emits on CPU by default, at decode and prefill sizes, all through ORT 1.x CPU.
 
-    python benchmarks/custom_ops_cpu.py [--k 4096 --n 4096] [--prefill 128] [--seconds 1.5] [--json OUT]
+    python benchmarks/custom_ops_cpu.py [--k 4096 --n 4096] [--prefill 128] [--seconds 1.5] [--threads N] [--json OUT]
 
 Forms per op (one-node or few-node models, weights as initializers, A fp32 [M, K]):
   kernel    the com.quark_onnx node, library registered (custom_ops/build/ort, `python -m custom_ops.ort_library`)
@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=4096)
     p.add_argument("--prefill", type=int, default=128)
     p.add_argument("--seconds", type=float, default=1.5)
+    p.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0: ORT's default, one per core)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     library = str(ort_library.build(log=lambda m: print(m, file=sys.stderr)))
@@ -111,8 +112,9 @@ def main(argv=None) -> int:
     for op in ("MatMulMxfp4", "MatMulFp8W8A8", "MatMulFp8W8A8Dyn"):
         weights, w_dense = weights_for(op, rng, args.n, args.k)
         model = single_op_model(op, np.float32, args.k, weights)
-        sessions = {"kernel": session(model, library=library), "function": session(model),
-                    "standard": session(standard_model(op, args.k, weights, w_dense))}
+        t = args.threads
+        sessions = {"kernel": session(model, library=library, threads=t), "function": session(model, threads=t),
+                    "standard": session(standard_model(op, args.k, weights, w_dense), threads=t)}
         for label, m in (("decode", 1), ("prefill", args.prefill)):
             a = rng.standard_normal((m, args.k)).astype(np.float32)
             ys = {name: s.run(None, {"A": a})[0] for name, s in sessions.items()}
