@@ -188,7 +188,7 @@ def _emit_with_progress(ctx: EmitContext, plan: ModelPlan, log) -> None:
 
 def _bundle_custom_ops_library(path: str | None, out_dir: Path) -> str | None:
     """Copy a custom-op library (checked by plan_model) into the model folder: onnxruntime-genai resolves a relative
-    session_options.custom_ops_library against the model folder (docs/custom_ops_genai.md)."""
+    session_options.custom_ops_library against the model folder (custom_ops/README.md, "onnxruntime-genai")."""
     if not path:
         return None
     lib = Path(path)

@@ -203,7 +203,8 @@ def fetch(cache: Path | None = None, log=print) -> Path:
         apt = ["apt-get", "-q", "-o", f"Dir::Etc::SourceList={scratch / 'sources.list'}",
                "-o", f"Dir::Etc::SourceParts={scratch / 'sources.list.d'}",
                "-o", f"Dir::State::Lists={scratch / 'lists'}", "-o", f"Dir::Cache={scratch / 'cache'}",
-               "-o", "Dir::Etc::Preferences=/dev/null", "-o", f"Dir::Etc::PreferencesParts={scratch / 'sources.list.d'}",
+               "-o", "Dir::Etc::Preferences=/dev/null",
+               "-o", f"Dir::Etc::PreferencesParts={scratch / 'sources.list.d'}",
                "-o", "APT::Sandbox::User=root", "-o", "Acquire::Retries=3", "-o", "Acquire::Languages=none"]
         log(f"ort_headers: apt-get update ({DEBIAN_SUITE} main from the machine's Debian mirror, private lists)")
         _run(apt + ["update"], "apt-get update (private trixie list)")

@@ -44,7 +44,8 @@ def library_path() -> Path:
 def _is_stale(path: Path, include: Path) -> bool:
     if not path.exists():
         return True
-    inputs = [SOURCE_DIR / n for n in SOURCES + HEADERS] + [PACKAGE_DIR / "CMakeLists.txt", include / ort_headers.HEADER]
+    inputs = [SOURCE_DIR / n for n in SOURCES + HEADERS]
+    inputs += [PACKAGE_DIR / "CMakeLists.txt", include / ort_headers.HEADER]
     built = path.stat().st_mtime
     return any(p.exists() and p.stat().st_mtime > built for p in inputs)
 

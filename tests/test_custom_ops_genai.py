@@ -2,7 +2,7 @@
 runs through og.Generator with the kernels (genai's profile shows the custom nodes), and its greedy tokens equal the
 function-fallback run of the same graph and Quark's own greedy tokens. Also: the converter's refusal of anything
 but a loadable custom-op library (before any output is written), and genai 0.18's path rules for
-session_options.custom_ops_library (docs/custom_ops_genai.md)."""
+session_options.custom_ops_library (custom_ops/README.md, "onnxruntime-genai")."""
 from __future__ import annotations
 
 import gc
@@ -132,7 +132,8 @@ def _genai_load(model_dir: Path, library: str, cwd: Path, env: dict | None = Non
     config_path.write_text(json.dumps(config, indent=2))
     script = ("import sys, numpy as np, onnxruntime_genai as og\n"
               "m = og.Model(sys.argv[1]); p = og.GeneratorParams(m); p.set_search_options(max_length=6)\n"
-              "g = og.Generator(m, p); g.append_tokens(np.array([[1, 2, 3]], dtype=np.int32)); g.generate_next_token()\n"
+              "g = og.Generator(m, p); g.append_tokens(np.array([[1, 2, 3]], dtype=np.int32))\n"
+              "g.generate_next_token()\n"
               "print('ran')\n")
     return subprocess.run([sys.executable, "-c", script, str(model_dir)], capture_output=True, text=True, cwd=cwd,
                           env={**os.environ, **(env or {})}, timeout=300)

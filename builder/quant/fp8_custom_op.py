@@ -31,7 +31,8 @@ def available() -> bool:
     return True
 
 
-def emit_fp8_custom_op(ctx, plan, x: str, q: np.ndarray, scale: np.ndarray, mode: str, input_scale: float | None) -> str:
+def emit_fp8_custom_op(ctx, plan, x: str, q: np.ndarray, scale: np.ndarray, mode: str,
+                       input_scale: float | None) -> str:
     """One MatMulFp8W8A8[Dyn] node; q fp8 [N, K], scale [N, 1] or [1, 1]."""
     from custom_ops.functions import DOMAIN, FUNCTIONS
 

@@ -71,7 +71,8 @@ class Fp8W8A8(Scheme):
         w = spec.weight[0]
         if ep.fp8_linear == "custom_op" and ep.custom_ops_backend not in ("cpu", "cuda"):
             _fail(None, base, f"fp8_linear=custom_op has no kernel on {ep.name} (an AMD session cannot run the "
-                  "com.quark_onnx kernels: docs/custom_ops_amd.md)", "--extra_options fp8_linear", "custom_op", "qdq, dequantized_weight")
+                  "com.quark_onnx kernels: docs/custom_ops_amd.md)", "--extra_options fp8_linear", "custom_op",
+                  "qdq, dequantized_weight")
         if w.dtype != "fp8_e4m3":
             _fail(ckpt, base, "only fp8_e4m3 weights are supported", "weight.dtype", w.dtype, "fp8_e4m3")
         if w.qscheme not in ("per_tensor", "per_channel"):
