@@ -97,6 +97,48 @@ def time_forms(sessions: dict, a: np.ndarray, seconds: float) -> dict[str, float
     return {name: statistics.median(v) * 1e3 for name, v in samples.items()}
 
 
+_MEMORY_CHILD = """
+import gc, sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+from benchmarks.custom_ops_cpu import standard_model, weights_for
+from custom_ops.single_op import session, single_op_model
+op, form, k, n, m, lib = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
+weights, w_dense = weights_for(op, np.random.default_rng(0), n, k)
+blob = (standard_model(op, k, weights, w_dense) if form == "standard"
+        else single_op_model(op, np.float32, k, weights)).SerializeToString()
+del weights, w_dense
+gc.collect()
+def kib(field):
+    return int(next(l for l in open("/proc/self/status") if l.startswith(field)).split()[1])
+import onnx
+rss0 = kib("VmRSS:")
+s = session(onnx.load_from_string(blob), library=lib if form == "kernel" else None)
+rss1 = kib("VmRSS:")
+open("/proc/self/clear_refs", "w").write("5")  # Linux: reset the peak (VmHWM) to the current RSS
+s.run(None, {"A": np.ones((m, k), np.float32)})
+print(rss1 - rss0, kib("VmHWM:") - rss1)
+"""
+
+
+def run_memory(library: str, k: int, n: int, m: int) -> list[dict]:
+    """RSS growth from creating the session (the model blob held by the caller already counted before), and the
+    extra peak of one run (Linux VmHWM after clear_refs); a fresh process per form."""
+    import subprocess
+    rows = []
+    for op in ("MatMulMxfp4", "MatMulFp8W8A8", "MatMulFp8W8A8Dyn"):
+        row = {"op": op, "M": m}
+        for form in ("kernel", "function", "standard"):
+            out = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(REPO), op, form, str(k), str(n), str(m),
+                                  library], capture_output=True, text=True, check=True).stdout.split()
+            row[f"{form}_session_MiB"] = round(int(out[0]) / 1024, 1)
+            row[f"{form}_run_peak_MiB"] = round(int(out[1]) / 1024, 1)
+        rows.append(row)
+        print(f"{op:17s} M={m}: session RSS (+ extra peak of one run): " + ", ".join(
+            f"{f} {row[f'{f}_session_MiB']:.0f} (+{row[f'{f}_run_peak_MiB']:.0f}) MiB"
+            for f in ("kernel", "function", "standard")), flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--k", type=int, default=4096)
@@ -105,8 +147,14 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=1.5)
     p.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0: ORT's default, one per core)")
     p.add_argument("--json", type=Path)
+    p.add_argument("--memory", action="store_true", help="only the peak-memory comparison (fresh process per form)")
     args = p.parse_args(argv)
     library = str(ort_library.build(log=lambda m: print(m, file=sys.stderr)))
+    if args.memory:
+        rows = run_memory(library, args.k, args.n, 1)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return 0
     rng = np.random.default_rng(0)
     rows = []
     for op in ("MatMulMxfp4", "MatMulFp8W8A8", "MatMulFp8W8A8Dyn"):
