@@ -238,7 +238,7 @@ def run_case(cuda: Cuda, lib: ctypes.CDLL, op: str, dtype, m: int, n: int, k: in
     return case
 
 
-# ---------------- PyTorch baseline: dequantize the weight, then one GEMM (what a framework without the kernel does) ----
+# ---------------- PyTorch baseline: dequantize the weight, then one GEMM (a framework without the kernel) ----
 
 def torch_baseline(op: str, dtype, a: np.ndarray, host: dict, device: str):
     """(launch, y_of_launch) computing op's result with torch: decode W to A's dtype on `device`, then a @ W.T.
