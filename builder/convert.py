@@ -6,11 +6,13 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import arch as arch_registry
 from .checkpoint import Checkpoint
+from .custom_ops_library import check_custom_ops_library, kernel_note
 from .emit_context import BuildOptions, EmitContext
 from .ep_configs import get_ep
 from .ep_configs.base import EPConfig
@@ -54,6 +56,7 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
         raise ConversionError("input model folder not found", file=source)
     options = options or BuildOptions()
     check_options(options)
+    library_kernels = check_custom_ops_library(options.custom_ops_library) if options.custom_ops_library else ()
     ep = apply_ep_overrides(get_ep(ep_name), options)
     io = precision or ep.default_precision
     if io not in ep.precisions:
@@ -90,6 +93,9 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
                           has_bias=f"{name}.bias" in ckpt, node_prefix=prefix, weight_name=weight_name)
         scheme.check(plan, ckpt, ep)
         linears[name] = plan
+    custom = Counter(op for lp in linears.values()
+                     if (op := getattr(lp.scheme, "custom_op", lambda *_: None)(lp, ep, io)))
+    notes += [kernel_note(op, n, ep.name, options.custom_ops_library, library_kernels) for op, n in custom.items()]
     model_plan = ModelPlan(source, cfg, quant, family, hp, ep, io, options, linears, notes)
     from .attention_plan import choose_attention  # late import: attention variants register themselves
     choose_attention(model_plan, ckpt)
@@ -190,13 +196,11 @@ def _emit_with_progress(ctx: EmitContext, plan: ModelPlan, log) -> None:
 
 
 def _bundle_custom_ops_library(path: str | None, out_dir: Path) -> str | None:
-    """Copy a custom-op library into the model folder (onnxruntime-genai resolves the path inside it)."""
+    """Copy a custom-op library (checked by plan_model) into the model folder: onnxruntime-genai resolves a relative
+    session_options.custom_ops_library against the model folder (custom_ops/README.md, "onnxruntime-genai")."""
     if not path:
         return None
     lib = Path(path)
-    if not lib.is_file():
-        raise ConversionError("custom-op library not found", file=lib, field="--extra_options custom_ops_library",
-                              value=path)
     shutil.copyfile(lib, out_dir / lib.name)
     return lib.name
 

@@ -1,9 +1,13 @@
-"""One-shot GPU check: build the CUDA kernels, run each against the numpy reference on a few shapes, time them,
-print and write a JSON report. Needs a CUDA GPU, nvcc, numpy and ml_dtypes; nothing else (no torch, no ORT).
+"""One-shot GPU check: build the CUDA kernels, run each against the numpy reference (custom_ops/reference.py) on
+every shape, time them, and time a dequantize-then-GEMM baseline in PyTorch on the same GPU; print and write one
+JSON report. Needs a CUDA GPU, nvcc, numpy and ml_dtypes; PyTorch with CUDA for the baseline (skipped, and said so
+in the report, without it). No ORT, no network.
 
     python custom_ops/gpu_check.py [--out report.json] [--arch 90] [--quick]
+    python custom_ops/gpu_check.py --dry-run     # no GPU needed: nvcc build + the torch baselines on the CPU
 
 Exit code 0 when every case matches the reference, 1 when one does not, 2 when the check could not run.
+Sized for about 5 minutes on one H200 (nvcc build ~1 min; the float64 references dominate the rest).
 """
 
 from __future__ import annotations
@@ -144,7 +148,8 @@ class Cuda:
 
 # ---------------- cases ----------------
 
-def compare(y: np.ndarray, expected: np.ndarray, bound: np.ndarray) -> dict:
+def compare(y: np.ndarray, expected: np.ndarray, bound: np.ndarray, fp16_rel: float = 1e-3,
+            bound_rel: float = 1e-5) -> dict:
     """Same rule as tests/test_custom_ops.py: NaN positions equal, error <= 1e-5 |A||W| (+1e-3 |ref| for fp16)."""
     y64 = y.astype(np.float64)
     nan_match = bool(np.array_equal(np.isnan(y64), np.isnan(expected)))
@@ -152,7 +157,7 @@ def compare(y: np.ndarray, expected: np.ndarray, bound: np.ndarray) -> dict:
     if y.dtype == np.float16:
         overflow = ok & (np.abs(expected) >= 65520)
         ok &= ~overflow
-    tolerance = 1e-5 * bound[ok] + 1e-30 + (1e-3 * np.abs(expected[ok]) if y.dtype == np.float16 else 0)
+    tolerance = bound_rel * bound[ok] + 1e-30 + (fp16_rel * np.abs(expected[ok]) if y.dtype == np.float16 else 0)
     error = np.abs(y64[ok] - expected[ok])
     worst = float(np.max(error / tolerance)) if error.size else 0.0
     return {"pass": nan_match and worst <= 1.0, "nan_positions_match": nan_match, "worst_error_over_tolerance": worst,
@@ -175,8 +180,10 @@ def run_case(cuda: Cuda, lib: ctypes.CDLL, op: str, dtype, m: int, n: int, k: in
         weight = ref.dequantize_mxfp4(b, scale)
         a_used = a.astype(np.float64)
         args_host = [b, scale]
-        fn = getattr(lib, "qo_gpu_matmul_mxfp4_" + ("f32" if dtype == np.float32 else "f16"))
-        fn.argtypes = [p, p, p, p, i64, i64, i64, p]
+        torch_host = {"B": b, "B_scale": scale}
+        if lib is not None:
+            fn = getattr(lib, "qo_gpu_matmul_mxfp4_" + ("f32" if dtype == np.float32 else "f16"))
+            fn.argtypes = [p, p, p, p, i64, i64, i64, p]
         weight_bytes = b.nbytes + scale.nbytes
     else:
         a = (a * 50).astype(dtype)
@@ -188,13 +195,18 @@ def run_case(cuda: Cuda, lib: ctypes.CDLL, op: str, dtype, m: int, n: int, k: in
         a_used = ref.quantize_dequantize_e4m3fn(a, ref.dynamic_row_scale(a) if dynamic else a_scale).astype(np.float64)
         weight = ref.dequantize_fp8_weight(b, b_scale)
         suffix = "f32" if dtype == np.float32 else "f16"
-        fn = getattr(lib, ("qo_gpu_matmul_fp8_w8a8_dyn_" if dynamic else "qo_gpu_matmul_fp8_w8a8_") + suffix)
-        fn.argtypes = [p, p, p, i64, p, p, i64, i64, i64, p]
+        if lib is not None:
+            fn = getattr(lib, ("qo_gpu_matmul_fp8_w8a8_dyn_" if dynamic else "qo_gpu_matmul_fp8_w8a8_") + suffix)
+            fn.argtypes = [p, p, p, i64, p, p, i64, i64, i64, p]
         args_host = [b.view(np.uint8), b_scale, None if dynamic else np.array([a_scale], np.float32)]
+        torch_host = {"B": b, "B_scale": b_scale, "A_scale": a_scale}
         weight_bytes = b.nbytes + b_scale.nbytes
     with np.errstate(invalid="ignore", over="ignore"):
         expected = a_used @ weight.T
         bound = np.abs(np.nan_to_num(a_used)) @ np.abs(np.nan_to_num(weight)).T
+    if cuda is None:  # --dry-run: only the torch baseline, on the CPU
+        case.update(baseline_case(op, dtype, a, torch_host, expected, bound, "cpu", False))
+        return case
 
     d_a = cuda.upload(a)
     y_like = np.empty((m, n), dtype=dtype)
@@ -220,7 +232,75 @@ def run_case(cuda: Cuda, lib: ctypes.CDLL, op: str, dtype, m: int, n: int, k: in
     if timing:
         ms = cuda.time_ms(launch, warmup=3, iterations=20)
         case.update({"ms": ms, "weight_GBps": weight_bytes / ms / 1e6, "TFLOPS": 2.0 * m * n * k / ms / 1e9})
+        case.update(baseline_case(op, dtype, a, torch_host, expected, bound, "cuda", True))
+        if "torch_dequant_gemm_ms" in case:
+            case["speedup_vs_torch_dequant_gemm"] = case["torch_dequant_gemm_ms"] / ms
     return case
+
+
+# ---------------- PyTorch baseline: dequantize the weight, then one GEMM (a framework without the kernel) ----
+
+def torch_baseline(op: str, dtype, a: np.ndarray, host: dict, device: str):
+    """(launch, y_of_launch) computing op's result with torch: decode W to A's dtype on `device`, then a @ W.T.
+    Activation quantization (fp8 ops) is done in torch too. Raises ImportError without torch."""
+    import torch
+
+    tdtype = torch.float32 if dtype == np.float32 else torch.float16
+    ta = torch.from_numpy(np.ascontiguousarray(a)).to(device)
+    if op == "mxfp4":
+        codes = torch.from_numpy(host["B"]).to(device)
+        scales = torch.from_numpy(host["B_scale"]).to(device)
+        lut = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float32,
+                           device=device)
+
+        def weight():
+            nibbles = torch.stack([codes & 15, codes >> 4], dim=-1).reshape(codes.shape[0], -1).long()
+            s = torch.where(scales == 255, torch.nan, torch.exp2(scales.float() - 127))
+            return (lut[nibbles] * s.repeat_interleave(32, dim=1)).to(tdtype)
+
+        def launch():
+            return ta @ weight().T
+    else:
+        b = torch.from_numpy(host["B"].view(np.uint8)).to(device).view(torch.float8_e4m3fn)
+        b_scale = torch.from_numpy(np.asarray(host["B_scale"], np.float32).reshape(-1, 1)).to(device)
+
+        def launch():
+            a32 = ta.float()
+            if op == "fp8_dyn":
+                s = torch.clamp(a32.abs().amax(dim=-1, keepdim=True) / 448, min=1e-12)
+            else:
+                s = torch.tensor(float(host["A_scale"]), device=device)
+            a_q = (torch.clamp(a32 / s, -448, 448).to(torch.float8_e4m3fn).float() * s).to(tdtype)
+            return a_q @ (b.float() * b_scale).to(tdtype).T
+    return launch
+
+
+def time_torch_ms(launch, warmup: int, iterations: int) -> float:
+    import torch
+    for _ in range(warmup):
+        launch()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iterations):
+        launch()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / iterations
+
+
+def baseline_case(op: str, dtype, a: np.ndarray, host: dict, expected, bound, device: str, timing: bool) -> dict:
+    """The torch baseline's agreement with the reference and, on CUDA, its time per call."""
+    try:
+        launch = torch_baseline(op, dtype, a, host, device)
+    except ImportError:
+        return {"torch_baseline": "skipped: torch not importable"}
+    y = launch().float().cpu().numpy().astype(dtype)
+    # fp16: torch rounds the decoded weight and the quantized activation to fp16 before its GEMM (2^-11 each)
+    check = compare(y, expected, bound, fp16_rel=2e-3, bound_rel=1.5e-3 if dtype == np.float16 else 1e-5)
+    out = {"torch_pass": check["pass"], "torch_worst_error_over_tolerance": check["worst_error_over_tolerance"]}
+    if timing and device == "cuda":
+        out["torch_dequant_gemm_ms"] = time_torch_ms(launch, warmup=3, iterations=20)
+    return out
 
 
 def cases(quick: bool):
@@ -241,7 +321,11 @@ def main() -> int:
     parser.add_argument("--out", default=str(PACKAGE_DIR / "build" / "gpu_check.json"))
     parser.add_argument("--arch", help="SM number like 90 (default: -arch=native, then sm_80+sm_90)")
     parser.add_argument("--quick", action="store_true", help="fewer timed shapes")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="no GPU: build with nvcc for sm_80/sm_90 and check the torch baselines on the CPU")
     args = parser.parse_args()
+    if args.dry_run:
+        return dry_run(args)
     report: dict = {"host": platform.node(), "python": sys.version.split()[0], "started": time.time(), "cases": []}
     exit_code = 2
     try:
@@ -282,6 +366,36 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"report: {args.out} ({'all pass' if exit_code == 0 else 'FAILURES' if exit_code == 1 else 'did not run'})")
     return exit_code
+
+
+def dry_run(args) -> int:
+    """What can be checked without a GPU: the nvcc build (explicit archs) and the torch baselines against the
+    reference on the small shapes (CPU). Writes the same kind of report."""
+    report: dict = {"dry_run": True, "cases": []}
+    ok = True
+    nvcc = find_nvcc()
+    if nvcc:
+        try:
+            _, command = build_library(nvcc, args.arch or "90")
+            report["build_command"] = " ".join(command)
+        except RuntimeError as error:
+            report["build_error"] = str(error)[-2000:]
+            ok = False
+    else:
+        report["build"] = "skipped: nvcc not found"
+    for op, dtype, m, n, k, per_channel, timing in cases(quick=True):
+        if timing:
+            continue
+        case = run_case(None, None, op, dtype, m, n, k, per_channel, False)
+        ok &= bool(case.get("torch_pass", True))
+        report["cases"].append(case)
+        print(f"{'PASS' if case.get('torch_pass', True) else 'FAIL'} torch baseline {op:8s} {case['dtype']:8s} "
+              f"M={m:<4d} N={n:<5d} K={k:<5d} {case.get('torch_baseline', '')}", flush=True)
+    report["all_pass"] = ok
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"dry-run report: {args.out} ({'ok' if ok else 'FAILURES'})")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -97,3 +97,38 @@ def test_hip_cmake_build(tmp_path):
     if symbols.returncode == 0:
         for name in (*EXPORTED, "qo_matmul_mxfp4_f32"):
             assert f" T {name}" in symbols.stdout, f"{name} not exported from libquark_onnx_ops.so"
+
+
+def test_cuda_ort_library_builds_and_its_cpu_kernels_run_in_cpu_ort(tmp_path):
+    """CMake QO_WITH_CUDA=ON + QO_WITH_ORT=ON (the library a CUDA session would register): it builds, and in a
+    CPU-only onnxruntime it still registers and runs its CPU kernels (its CUDA kernels wait for a CUDA EP)."""
+    import numpy as np
+
+    from custom_ops import ort_headers
+    from custom_ops import reference as ref
+    from custom_ops.single_op import profiled_nodes, session, single_op_model
+
+    nvcc, cmake, include = _nvcc(), shutil.which("cmake"), ort_headers.find()
+    if nvcc is None or cmake is None or include is None:
+        pytest.skip("nvcc, cmake or the ORT C API header missing (python -m custom_ops.ort_library fetches the header)")
+    build = tmp_path / "build"
+    configure = subprocess.run([cmake, "-S", str(SRC.parent), "-B", str(build), "-DQO_WITH_CUDA=ON", "-DQO_WITH_ORT=ON",
+                                f"-DONNXRUNTIME_ROOT={include}", "-DCMAKE_CUDA_ARCHITECTURES=90",
+                                f"-DCMAKE_CUDA_COMPILER={nvcc}"], capture_output=True, text=True, timeout=300)
+    assert configure.returncode == 0, configure.stdout + configure.stderr
+    built = subprocess.run([cmake, "--build", str(build), "-j2"], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
+    library = build / "libquark_onnx_ops.so"
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True)
+    if symbols.returncode == 0:
+        for name in (*EXPORTED, "RegisterCustomOps", "qo_matmul_mxfp4_f32"):
+            assert f" T {name}" in symbols.stdout, f"{name} not exported"
+    rng = np.random.default_rng(3)
+    b, s = ref.random_mxfp4_weight(rng, 24, 256)
+    a = rng.standard_normal((5, 256)).astype(np.float32)
+    sess = session(single_op_model("MatMulMxfp4", np.float32, 256, {"B": b, "B_scale": s}), library=str(library),
+                   profile=True)
+    y = sess.run(None, {"A": a})[0]
+    assert profiled_nodes(sess) == [("MatMulMxfp4", "CPUExecutionProvider")]
+    bound = np.abs(a.astype(np.float64)) @ np.abs(ref.dequantize_mxfp4(b, s)).T
+    assert np.max(np.abs(y - ref.matmul_mxfp4(a.astype(np.float64), b, s)) / bound) <= 3e-7

@@ -1,11 +1,13 @@
 """genai_config.json contents and the files beside model.onnx."""
 import json
+from pathlib import Path
 
 import pytest
 
 from builder.convert import convert
 from builder.emit_context import BuildOptions
 from builder.errors import ConversionError
+from ort_library_fixture import ort_ops_library  # noqa: F401  (fixture)
 from synthetic_export import write_synthetic_export
 
 
@@ -36,12 +38,11 @@ def test_fields_from_config_and_generation_config(tmp_path):
                                                "tokenizer.json", "chat_template.jinja"}
 
 
-def test_custom_ops_library_is_copied_and_named(tmp_path):
-    lib = tmp_path / "libquark_onnx_ops.so"
-    lib.write_bytes(b"\x7fELF")
-    out, cfg = build(tmp_path, custom_ops_library=str(lib))
+def test_custom_ops_library_is_copied_and_named(tmp_path, ort_ops_library):
+    # a real ORT custom-op library: a stub is refused at plan time (tests/test_custom_ops_genai.py)
+    out, cfg = build(tmp_path, custom_ops_library=ort_ops_library)
     assert cfg["model"]["decoder"]["session_options"]["custom_ops_library"] == "libquark_onnx_ops.so"
-    assert (out / "libquark_onnx_ops.so").read_bytes() == b"\x7fELF"
+    assert (out / "libquark_onnx_ops.so").read_bytes() == Path(ort_ops_library).read_bytes()
 
 
 def test_missing_custom_ops_library_is_refused(tmp_path):

@@ -12,6 +12,8 @@ Emitted per EP (EPConfig.fp8_linear):
                        fp8*s_w is the same correctly rounded fp32 product DequantizeLinear computes)
   matmul_block_fp8   : com.microsoft MatMulBlockQuantizedFp8Weight(x, fp8 W [out,in], s_w per 128-block, a_scale)
                        when io is fp16/bf16 and the activation is static or float; the qdq form otherwise (CUDA)
+  custom_op          : com.quark_onnx MatMulFp8W8A8 (static) / MatMulFp8W8A8Dyn (per-token) + function fallback,
+                       cpu and cuda, fp32/fp16 io; other modes keep the EP's own form (quant/fp8_custom_op.py)
 Dynamic activations: u = DQ(Q(x / s_x, 1.0)) ─► MatMul ─► * s_x  (per-token scale applied after the GEMM).
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 
 from ..errors import ConversionError
 from ..ops.qdq import fp8_dynamic_unit, qdq_static, weight_dq
+from . import fp8_custom_op
 from .base import LinearPlan, Scheme
 
 BLOCK_FP8_K = 128
@@ -32,7 +35,7 @@ def _fail(ckpt, layer, message, field=None, value=None, accepted=None):
                           accepted=accepted)
 
 
-FP8_LINEAR_FORMS = ("dequantized_weight", "qdq", "matmul_block_fp8")  # EPConfig.fp8_linear values
+FP8_LINEAR_FORMS = ("dequantized_weight", "qdq", "matmul_block_fp8", "custom_op")  # EPConfig.fp8_linear values
 
 
 def scalar_scale(ckpt, tensor: str) -> float:
@@ -66,6 +69,10 @@ class Fp8W8A8(Scheme):
     def check(cls, plan: LinearPlan, ckpt, ep) -> None:
         spec, base = plan.spec, plan.name
         w = spec.weight[0]
+        if ep.fp8_linear == "custom_op" and ep.custom_ops_backend not in ("cpu", "cuda"):
+            _fail(None, base, f"fp8_linear=custom_op has no kernel on {ep.name} (an AMD session cannot run the "
+                  "com.quark_onnx kernels: docs/custom_ops_amd.md)", "--extra_options fp8_linear", "custom_op",
+                  "qdq, dequantized_weight")
         if w.dtype != "fp8_e4m3":
             _fail(ckpt, base, "only fp8_e4m3 weights are supported", "weight.dtype", w.dtype, "fp8_e4m3")
         if w.qscheme not in ("per_tensor", "per_channel"):
@@ -132,11 +139,24 @@ class Fp8W8A8(Scheme):
     @classmethod
     def form(cls, plan: LinearPlan, ep, io: str | None = None) -> str:
         mode = activation_mode(plan.spec)
+        if ep.fp8_linear == "custom_op":
+            if fp8_custom_op.custom_op_for(mode, io) and fp8_custom_op.available():
+                return "custom_op"
+            from dataclasses import replace
+            from ..ep_configs import get_ep
+            return cls.form(plan, replace(ep, fp8_linear=get_ep(ep.name).fp8_linear), io)  # the EP's own form
         if ep.fp8_linear == "matmul_block_fp8":
             if io in (None, "fp16", "bf16") and mode in ("none", "static"):
                 return "matmul_block_fp8"
             return "qdq"
         return ep.fp8_linear
+
+    @classmethod
+    def custom_op(cls, plan: LinearPlan, ep, io: str | None = None) -> str | None:
+        """The com.quark_onnx op this layer becomes, or None."""
+        if cls.form(plan, ep, io) != "custom_op":
+            return None
+        return fp8_custom_op.custom_op_for(activation_mode(plan.spec), io)
 
     @classmethod
     def describe(cls, plan: LinearPlan, ep) -> str:
@@ -147,7 +167,8 @@ class Fp8W8A8(Scheme):
         form = cls.form(plan, ep)
         what = {"qdq": "MatMul on DequantizeLinear(fp8 weight)",
                 "dequantized_weight": "MatMul on the fp32 dequantized FP8 weight (exact)",
-                "matmul_block_fp8": "MatMulBlockQuantizedFp8Weight (fp16/bf16 io; Q/DQ + MatMul for fp32 io)"}[form]
+                "matmul_block_fp8": "MatMulBlockQuantizedFp8Weight (fp16/bf16 io; Q/DQ + MatMul for fp32 io)",
+                "custom_op": f"com.quark_onnx {fp8_custom_op.custom_op_for(mode, None)} (+ function fallback)"}[form]
         return f"{what}, {act}"
 
     @classmethod
@@ -158,6 +179,9 @@ class Fp8W8A8(Scheme):
         form = cls.form(plan, ctx.ep, ctx.io)
         if form == "matmul_block_fp8":
             return _emit_block_fp8(ctx, plan, x, q, scale, mode)
+        if form == "custom_op":
+            a_scale = scalar_scale(ctx.ckpt, f"{base}.input_scale") if mode == "static" else None
+            return fp8_custom_op.emit_fp8_custom_op(ctx, plan, x, q, scale, mode, a_scale)
         post_scale = None
         if mode == "static":
             x = qdq_static(ctx, x, scalar_scale(ctx.ckpt, f"{base}.input_scale"), "fp8_e4m3", f"{pre}/input_quant")

@@ -177,6 +177,17 @@ class Mxfp4Linear(Scheme):
         return Fp4Weight(codes, scale, MXFP4_GROUP)
 
     @classmethod
+    def custom_op(cls, plan: LinearPlan, ep, io: str | None = None) -> str | None:
+        """MatMulMxfp4 on the native form (when custom_ops is importable), else None."""
+        if ep.fp4_linear != "native":
+            return None
+        try:
+            import custom_ops.functions  # noqa: F401
+        except ImportError:
+            return None
+        return "MatMulMxfp4"
+
+    @classmethod
     def describe(cls, plan: LinearPlan, ep) -> str:
         act = " + MXFP4 dynamic activation emulation" if plan.spec.input_tensors else ""
         return {"matmul_nbits8": f"MatMulNBits bits=8 block_size=32 (lossless 2*e2m1+128){act}",

@@ -1,12 +1,15 @@
 // ONNX Runtime registration of the com.quark_onnx kernels, written against the public C API only
 // (onnxruntime_c_api.h; no C++ wrapper, no link against onnxruntime: the API table arrives with RegisterCustomOps).
 //
-// NOT COMPILED IN THIS REPOSITORY'S CI: the ORT headers are not available there. Build it with
+// Built and tested in CI (custom_ops/ort_library.py fetches onnxruntime_c_api.h from Debian 13's libonnxruntime-dev;
+// tests/test_custom_ops_ort.py, tests/test_custom_ops_genai.py). By hand:
 //   cmake -S custom_ops -B build -DQO_WITH_ORT=ON -DONNXRUNTIME_ROOT=<ort package or source tree> [-DQO_WITH_CUDA=ON]
 //
 // Each op is registered once per activation type (float, float16) and per provider (CPU; CUDA when built with
 // QO_WITH_CUDA). OrtCustomOp.version is pinned to kOrtApiVersion (ORT >= 1.16) so the library also loads in newer
 // runtimes; errors come back as OrtStatus through CreateKernelV2 / KernelComputeV2 (no exception crosses the ABI).
+// CPU kernels split their work over ORT's intra-op thread pool (KernelContext_ParallelFor, ORT >= 1.17) instead of
+// OpenMP, so ORT's spinning workers and OpenMP's never compete for the same cores; on ORT 1.16 they use OpenMP.
 #include <stdint.h>
 
 #include <mutex>
@@ -22,7 +25,10 @@ namespace {
 constexpr uint32_t kOrtApiVersion = 16;  // CreateKernelV2 / KernelComputeV2 / KernelContext_GetGPUComputeStream
 constexpr const char* kDomain = "com.quark_onnx";
 
+constexpr uint32_t kOrtApiVersionParallelFor = 17;  // KernelContext_ParallelFor
+
 const OrtApi* g_api = nullptr;
+bool g_has_parallel_for = false;
 
 enum class OpKind { kMxfp4, kFp8, kFp8Dyn };
 
@@ -87,10 +93,30 @@ OrtStatus* Input(OrtKernelContext* context, size_t index, TensorView* out, const
   return nullptr;
 }
 
-int RunCpu(const QoKernel& k, const void* a, const void* b, const void* b_scale, int64_t b_scale_count,
-           const float* a_scale, void* y, int64_t M, int64_t N, int64_t K) {
+#if defined(QO_WITH_CPU)
+int OrtParallelFor(void* context, qo_task_fn task, size_t total, void* data) {
+  OrtStatus* status = g_api->KernelContext_ParallelFor(static_cast<const OrtKernelContext*>(context), task, total, 0,
+                                                       data);
+  if (!status) return QO_OK;
+  g_api->ReleaseStatus(status);
+  return QO_ERR_DEVICE;
+}
+
+// Sets the ORT thread-pool runner on this thread for the duration of one kernel call.
+struct ScopedOrtRunner {
+  qo_parallel_runner runner;
+  explicit ScopedOrtRunner(OrtKernelContext* context) : runner{OrtParallelFor, context} {
+    if (g_has_parallel_for) qo_cpu_set_parallel_runner(&runner);
+  }
+  ~ScopedOrtRunner() { qo_cpu_set_parallel_runner(nullptr); }
+};
+#endif
+
+int RunCpu(const QoKernel& k, OrtKernelContext* context, const void* a, const void* b, const void* b_scale,
+           int64_t b_scale_count, const float* a_scale, void* y, int64_t M, int64_t N, int64_t K) {
 #if defined(QO_WITH_CPU)
   using u16 = uint16_t;
+  ScopedOrtRunner runner(context);
   switch (k.kind) {
     case OpKind::kMxfp4:
       return k.half ? qo_matmul_mxfp4_f16((const u16*)a, (const uint8_t*)b, (const uint8_t*)b_scale, (u16*)y, M, N, K)
@@ -107,7 +133,8 @@ int RunCpu(const QoKernel& k, const void* a, const void* b, const void* b_scale,
                                                  b_scale_count, (float*)y, M, N, K);
   }
 #else
-  (void)k; (void)a; (void)b; (void)b_scale; (void)b_scale_count; (void)a_scale; (void)y; (void)M; (void)N; (void)K;
+  (void)k; (void)context; (void)a; (void)b; (void)b_scale; (void)b_scale_count; (void)a_scale; (void)y; (void)M;
+  (void)N; (void)K;
 #endif
   return QO_ERR_ARGUMENT;
 }
@@ -189,8 +216,8 @@ OrtStatus* ORT_API_CALL Compute(void* op_kernel, OrtKernelContext* context) {
     status = RunGpu(k, a_data, b_data, b_scale_data, b_scale_count, static_cast<const float*>(a_scale_data), y_data,
                     M, N, K, stream);
   } else {
-    status = RunCpu(k, a_data, b_data, b_scale_data, b_scale_count, static_cast<const float*>(a_scale_data), y_data,
-                    M, N, K);
+    status = RunCpu(k, context, a_data, b_data, b_scale_data, b_scale_count, static_cast<const float*>(a_scale_data),
+                    y_data, M, N, K);
   }
   if (status != QO_OK) return Error("kernel failed with status " + std::to_string(status));
   return nullptr;
@@ -307,7 +334,11 @@ extern "C" QO_API OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* o
   static std::mutex mutex;
   static OrtCustomOpDomain* domain = nullptr;  // lives as long as the library: sessions keep pointers into it
   std::lock_guard<std::mutex> lock(mutex);
-  if (!g_api) g_api = api_base->GetApi(kOrtApiVersion);
+  if (!g_api) {
+    g_api = api_base->GetApi(kOrtApiVersionParallelFor);
+    g_has_parallel_for = g_api != nullptr;
+    if (!g_api) g_api = api_base->GetApi(kOrtApiVersion);
+  }
   if (!g_api) return nullptr;  // runtime older than 1.16: nothing registered, the ONNX-function fallbacks run
   if (!domain) {
     QO_RETURN_IF_ERROR(g_api->CreateCustomOpDomain(kDomain, &domain));

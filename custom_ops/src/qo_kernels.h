@@ -7,6 +7,7 @@
 #ifndef QO_KERNELS_H
 #define QO_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -40,6 +41,17 @@ QO_API int qo_matmul_fp8_w8a8_dyn_f32(const float* A, const uint8_t* B, const fl
                                       int64_t b_scale_count, float* Y, int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_fp8_w8a8_dyn_f16(const uint16_t* A, const uint8_t* B, const float* B_scale,
                                       int64_t b_scale_count, uint16_t* Y, int64_t M, int64_t N, int64_t K);
+
+/* ---- CPU parallel loop (not exported: for the ORT layer in the same library). By default the CPU kernels split
+ * their work with OpenMP; a runner set on the calling thread replaces that, e.g. with ORT's intra-op thread pool
+ * (KernelContext_ParallelFor), so that ORT's and OpenMP's threads never compete for the same cores. run() calls
+ * task(data, i) for every i in [0, total) and returns QO_OK once all returned. NULL restores OpenMP. ---- */
+typedef void (*qo_task_fn)(void* data, size_t index);
+typedef struct {
+  int (*run)(void* context, qo_task_fn task, size_t total, void* data);
+  void* context;
+} qo_parallel_runner;
+void qo_cpu_set_parallel_runner(const qo_parallel_runner* runner);
 
 /* ---- GPU (CUDA or HIP, whichever the library was built for; all pointers are device pointers, `stream` is a
  * cudaStream_t / hipStream_t or NULL). A_scale is a device pointer to one float. The dyn variant needs a device

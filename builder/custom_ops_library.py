@@ -1,0 +1,90 @@
+"""--extra_options custom_ops_library=PATH: accepted only when PATH is an ONNX Runtime custom-op library.
+
+Checked at plan time (convert.plan_model), before anything is written:
+  1. a regular file with the platform's shared-object header (ELF on Linux, Mach-O on macOS, PE on Windows);
+  2. a name that looks like a shared library (.so[.N], .dylib, .dll): it is copied into the output folder under
+     its own name, so it must not be able to collide with model.onnx, genai_config.json or a tokenizer file;
+  3. ONNX Runtime loads it: `SessionOptions.register_custom_ops_library(PATH)` (dlopen + its RegisterCustomOps) in
+     a child process, so a library that crashes on load cannot take the converter down with it.
+Any failure is one ConversionError line (exit 2).
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from .errors import ConversionError
+
+FIELD = "--extra_options custom_ops_library"
+LIBRARY_NAME = re.compile(r"\.(so(\.\d+)*|dylib|dll)$")
+MAGIC = {"linux": (b"\x7fELF",), "darwin": (b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe"), "win32": (b"MZ",)}
+LOAD_TIMEOUT_S = 120
+# After ORT accepted it: which com.quark_onnx kernel builds it holds (a quark_onnx_ops build exports its C ABI).
+_LOAD_SCRIPT = ("import ctypes, sys, onnxruntime as ort\n"
+                "so = ort.SessionOptions()\n"
+                "so.register_custom_ops_library(sys.argv[1])\n"
+                "lib = ctypes.CDLL(sys.argv[1])\n"
+                "kinds = ['cpu'] if hasattr(lib, 'qo_matmul_mxfp4_f32') else []\n"
+                "if hasattr(lib, 'qo_gpu_backend'):\n"
+                "    lib.qo_gpu_backend.restype = ctypes.c_char_p\n"
+                "    kinds.append(lib.qo_gpu_backend().decode())\n"
+                "print('QO_KERNELS=' + ','.join(kinds))\n")
+
+
+def _refuse(path: str, message: str) -> ConversionError:
+    return ConversionError(message, file=path, field=FIELD, value=path)
+
+
+def check_custom_ops_library(path: str) -> tuple[str, ...]:
+    """The kernel builds the library holds (("cpu",), ("cpu", "cuda"), () for a foreign custom-op library), or
+    ConversionError naming what is wrong with it."""
+    lib = Path(path)
+    if not lib.exists():
+        raise _refuse(path, "custom-op library not found")
+    if not lib.is_file():
+        raise _refuse(path, "custom-op library is not a regular file")
+    try:
+        with open(lib, "rb") as f:
+            head = f.read(4)
+    except OSError as exc:
+        raise _refuse(path, f"custom-op library cannot be read: {exc.strerror}") from None
+    magics = MAGIC.get(sys.platform, MAGIC["linux"])
+    if not any(head.startswith(m) for m in magics):
+        raise _refuse(path, "not a shared library (no ELF/Mach-O/PE header for this platform)")
+    if not LIBRARY_NAME.search(lib.name) or ".." in lib.name:  # genai refuses any ".." in the configured name
+        raise _refuse(path, "custom-op library name must end in .so, .so.N, .dylib or .dll and hold no '..' (it is "
+                            "copied into the output folder under that name)")
+    try:
+        result = subprocess.run([sys.executable, "-c", _LOAD_SCRIPT, str(lib.resolve())], capture_output=True,
+                                text=True, timeout=LOAD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise _refuse(path, f"ONNX Runtime did not finish loading the library in {LOAD_TIMEOUT_S} s") from None
+    if result.returncode != 0:
+        lines = [ln.strip() for ln in (result.stderr or result.stdout).splitlines() if ln.strip()]
+        reason = lines[-1] if lines else f"exit code {result.returncode}"
+        if result.returncode < 0:
+            reason = f"the loading process died with signal {-result.returncode}"
+        raise _refuse(path, f"ONNX Runtime cannot load it as a custom-op library: {reason[:300]}")
+    marker = [ln for ln in result.stdout.splitlines() if ln.startswith("QO_KERNELS=")]
+    return tuple(k for k in marker[-1].split("=", 1)[1].split(",") if k) if marker else ()
+
+
+def kernel_note(op: str, count: int, ep_name: str, library: str | None, kernels: tuple[str, ...]) -> str:
+    """What runs a com.quark_onnx node on this EP, for `inspect` and the conversion log."""
+    head = f"com.quark_onnx.{op} x{count} on {ep_name}: "
+    if not library:
+        return head + ("its ONNX function (standard ops; the weight is dequantized on every run). For the kernel: "
+                       "--extra_options custom_ops_library=PATH (`python -m custom_ops.ort_library` builds one)")
+    if not kernels:
+        return head + f"the kernel of {Path(library).name} if it registers {op} (not a quark_onnx_ops build), else " \
+                      "its ONNX function"
+    if ep_name == "cpu" and "cpu" in kernels:
+        return head + f"the CPU kernel of {Path(library).name}"
+    if ep_name == "cuda" and "cuda" in kernels:
+        return head + f"the CUDA kernel of {Path(library).name} on ORT's CUDA stream"
+    if "cpu" in kernels:
+        return head + (f"the CPU kernel of {Path(library).name}: ORT places the node on the CPU EP and copies its "
+                       "input/output across (build with -DQO_WITH_CUDA=ON for a CUDA kernel)")
+    return head + "its ONNX function (the library has no kernel for this EP)"
