@@ -310,13 +310,14 @@ def parse_quant_config(q: dict, config_file: str) -> QuarkConfig:
 
 
 def read_model_config(model_dir: str | Path) -> tuple[dict, QuarkConfig | None]:
-    """config.json as a dict, and its parsed quantization_config (None for a float model)."""
+    """config.json as a dict (every field we read type-checked), and its parsed quantization_config (None for a
+    float model)."""
+    from .config_schema import check_config_fields
+    from .input_files import exists, read_json
     path = Path(model_dir) / "config.json"
-    if not path.exists():
+    if not exists(path):
         raise ConversionError("config.json not found", file=path)
-    try:
-        cfg = json.loads(path.read_text())
-    except ValueError as exc:
-        raise ConversionError(f"config.json is not valid JSON ({exc.args[0]})", file=path) from None
+    cfg = read_json(path, Path(model_dir))
+    check_config_fields(cfg, str(path))
     q = cfg.get("quantization_config")
     return cfg, (parse_quant_config(q, str(path)) if q is not None else None)
