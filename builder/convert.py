@@ -98,6 +98,8 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
         plan = LinearPlan(name=name, in_features=n_in, out_features=n_out, spec=spec, scheme=scheme,
                           has_bias=f"{name}.bias" in ckpt, node_prefix=prefix, weight_name=weight_name)
         scheme.check(plan, ckpt, ep)
+        if plan.has_bias:
+            check_float_tensor(ckpt, f"{name}.bias", (n_out,))
         linears[name] = plan
     model_plan = ModelPlan(source, cfg, quant, family, hp, ep, io, options, linears, notes)
     model_plan.generation = generation

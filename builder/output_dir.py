@@ -5,8 +5,9 @@ Rules (checked before anything is read or written):
     current folder or one of its parents (the folder is replaced as a whole).
   - An existing `-o` must be an empty folder or a previous output of this builder (it holds MARKER, written into
     every output); anything else is refused unless `--overwrite` is given.
-  - A symlink `-o` is followed: the folder it points to is what gets replaced (the symlink itself is kept); a
-    dangling symlink is refused.
+  - A symlink `-o` is followed: the folder it points to is what gets replaced or created (the symlink itself is
+    kept, and the temporary folder is made beside the target, on its file system); a dangling symlink is refused
+    when the folder its target would be in does not exist.
 Output is written to `.NAME.tmp-XXXX` beside the target and swapped in with one renameat2(RENAME_EXCHANGE) (two
 renames where the kernel lacks it), then the old tree is deleted. SIGINT, SIGTERM and SIGHUP delete the temporary
 folder before exiting; the swap and the clean-up run with those signals blocked, so no `.old` or `.tmp` folder is
@@ -35,21 +36,18 @@ DISK_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 def resolve_output(source: Path, output: Path, overwrite: bool = False) -> Path:
     """The folder that will be replaced (symlinks followed), or ConversionError if `-o` is refused."""
     shown = output
-    if output.is_symlink():
-        if not output.exists():
-            raise ConversionError("output is a dangling symlink", file=shown)
     target = Path(os.path.realpath(output))
+    if output.is_symlink() and not output.exists() and not target.parent.is_dir():
+        raise ConversionError("output is a dangling symlink into a folder that does not exist", file=shown)
     src = Path(os.path.realpath(source))
+    if target.parent == target:
+        raise ConversionError("output folder cannot be the root folder", file=shown)
     if target == src:
-        raise ConversionError("output folder is the input folder; it would replace the input", file=shown,
-                              field="-o", value=str(output))
+        raise ConversionError("output folder is the input folder; it would replace the input", file=shown)
     if src in target.parents:
         raise ConversionError("output folder is inside the input folder", file=shown)
     if target in src.parents:
-        raise ConversionError("output folder contains the input folder; it would replace the input", file=shown,
-                              field="-o", value=str(output))
-    if target.parent == target:
-        raise ConversionError("output folder cannot be the root folder", file=shown)
+        raise ConversionError("output folder contains the input folder; it would replace the input", file=shown)
     cwd = Path(os.path.realpath(os.getcwd()))
     if target == cwd or target in cwd.parents:
         raise ConversionError("output folder is the current folder or contains it; the output folder is replaced "
