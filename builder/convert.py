@@ -70,7 +70,17 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
     family, hp = arch_registry.family_for(cfg, config_file)
     check_rotary_size(hp.max_positions, hp.head_dim, config_file, "max_position_embeddings")
     generation = read_generation_config(source)
+    own = ckpt is None
     ckpt = ckpt or Checkpoint(source)
+    try:
+        return _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, ep, io, options), ckpt
+    except BaseException:
+        if own:  # the shard fds are opened with the headers
+            ckpt.close()
+        raise
+
+
+def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, ep, io, options) -> ModelPlan:
     check_layer_count(ckpt, hp.num_layers, config_file)
     for tensor, shape in family.float_tensors(hp):
         check_float_tensor(ckpt, tensor, shape)
@@ -110,7 +120,7 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
         model_plan.warnings.append(f"no tokenizer files in {source} ({', '.join(TOKENIZER_REQUIRED)}): "
                                    "onnxruntime-genai cannot load the output without them; copy them from the "
                                    "float model the export was made from into the output folder")
-    return model_plan, ckpt
+    return model_plan
 
 
 LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")

@@ -3,7 +3,8 @@
 run_cli() runs `builder.__main__.main(argv)` in a child process forked from the (already warm) test process, with
 its own cwd, stdout/stderr files, exit code and a timeout (a hang is killed and reported). The converter's imports
 (ml_dtypes, onnx, numpy) cost 1.5-4 s per fresh interpreter here, so forking keeps a 60-case corpus at a few
-seconds; QO_CORPUS_SPAWN=1 (or torch already imported in the test process) runs every case as a fresh
+seconds. The child uses only numpy/onnx and file I/O (never torch or ORT thread pools the parent may have started),
+and a child that hangs is killed at the timeout and fails its case. QO_CORPUS_SPAWN=1 runs every case as a fresh
 `python -m builder` instead (same assertions).
 """
 from __future__ import annotations
@@ -35,8 +36,8 @@ class Result:
 
 def run_cli(args, cwd: Path | None = None, timeout: float = 60.0, spawn: bool | None = None) -> Result:
     args = [str(a) for a in args]
-    if spawn is None:  # forking a process that runs torch's thread pools is not safe: spawn then
-        spawn = os.environ.get("QO_CORPUS_SPAWN") == "1" or "torch" in sys.modules
+    if spawn is None:
+        spawn = os.environ.get("QO_CORPUS_SPAWN") == "1"
     if spawn:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
         try:

@@ -1,6 +1,7 @@
 """Bad-input corpus: real amd-quark exports of tiny models, copied and broken one way each, run through the CLI.
 
-Every case asserts: the exit code (2 unless said), exactly one stderr line with --quiet, starting "error: " and
+Each case runs `builder.__main__.main` in a forked child (tests/bad_input_kit.py; QO_CORPUS_SPAWN=1: a fresh
+`python -m builder` per case). Every case asserts: the exit code (2 unless said), exactly one stderr line with --quiet, starting "error: " and
 naming the file / field / value, no traceback, the input tree byte-for-byte unchanged, and nothing left beside the
 input (no output, no `.out.tmp-*` folder). Categories: output safety, config JSON shape and types, hyper-parameter
 ranges, checkpoint structure (layers, duplicates, headers, shards), special files (FIFO, symlink loop / escape,
@@ -405,7 +406,7 @@ def test_symlinked_output_replaces_the_target(exports, tmp_path):
 
 
 def test_validate_flag(exports, tmp_path):
-    r = run_cli(["-i", exports["uint4"], "-o", tmp_path / "out", "--validate"])
+    r = run_cli(["-i", exports["uint4"], "-o", tmp_path / "out", "--validate"], spawn=True)  # ORT in the child
     assert r.returncode == 0, r.stderr
     assert "validate: onnx.checker passed; one-token CPU run gives finite logits" in r.stderr
 
@@ -434,3 +435,16 @@ def test_header_length_beyond_limit(tmp_path, exports):
     (src / "model.safetensors").write_bytes(struct.pack("<Q", 2**63) + raw[8:])
     r = run_cli(["-i", src, "-o", tmp_path / "out", "-q"])
     assert_one_line_error(r, ["model.safetensors", "header_len"])
+
+
+def test_replacing_an_output_never_follows_its_symlinks(exports, tmp_path):
+    """A previous output holding a symlink to a folder outside it: replaced, and the outside folder untouched."""
+    out, outside = tmp_path / "out", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_text("keep")
+    assert run_cli(["-i", exports["uint4"], "-o", out, "-q"]).returncode == 0
+    os.symlink(outside, out / "link_to_outside")
+    os.symlink(outside / "precious.txt", out / "tokenizer_extra.txt")
+    assert run_cli(["-i", exports["uint4"], "-o", out, "-q"]).returncode == 0
+    assert (outside / "precious.txt").read_text() == "keep" and not (out / "link_to_outside").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "outside"]
