@@ -83,7 +83,8 @@ class Checkpoint:
                     raise ConversionError("shard listed in the index is missing", file=index,
                                           field="weight_map", value=name)
             return [self.model_dir / n for n in names]
-        files = [self.model_dir / n for n in list_dir(self.model_dir) if n.endswith(".safetensors") and not n.startswith(".")]
+        files = [self.model_dir / n for n in list_dir(self.model_dir)
+                 if n.endswith(".safetensors") and not n.startswith(".")]
         if not files:
             raise ConversionError("no *.safetensors file", file=self.model_dir)
         return files

@@ -1,8 +1,8 @@
 """Bad-input corpus: real amd-quark exports of tiny models, copied and broken one way each, run through the CLI.
 
 Each case runs `builder.__main__.main` in a forked child (tests/bad_input_kit.py; QO_CORPUS_SPAWN=1: a fresh
-`python -m builder` per case). Every case asserts: the exit code (2 unless said), exactly one stderr line with --quiet, starting "error: " and
-naming the file / field / value, no traceback, the input tree byte-for-byte unchanged, and nothing left beside the
+`python -m builder` per case). Every case asserts: the exit code (2 unless said), exactly one stderr line with
+--quiet, starting "error: " and naming the file / field / value, no traceback, the input tree byte-for-byte unchanged, and nothing left beside the
 input (no output, no `.out.tmp-*` folder). Categories: output safety, config JSON shape and types, hyper-parameter
 ranges, checkpoint structure (layers, duplicates, headers, shards), special files (FIFO, symlink loop / escape,
 folders), --extra_options, and every tensor kind (packed weight, weight/input/output scales, zero points, FP4
