@@ -199,7 +199,7 @@ def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precis
     try:
         with signals_raise():
             try:
-                tmp = make_temp(target)
+                tmp = make_temp(target, warn)
                 graph = GraphBuilder(tmp / "model.onnx.data")
                 _write_output(plan, ckpt, graph, tmp, output, log, t0, validate)
                 swap_into_place(tmp, target)

@@ -11,16 +11,20 @@ Rules (checked before anything is read or written):
 Output is written to `.NAME.tmp-XXXX` beside the target and swapped in with one renameat2(RENAME_EXCHANGE) (two
 renames where the kernel lacks it), then the old tree is deleted. SIGINT, SIGTERM and SIGHUP delete the temporary
 folder before exiting; the swap and the clean-up run with those signals blocked, so no `.old` or `.tmp` folder is
-left behind by a signal. Deleting never follows a symlink (shutil.rmtree does not).
+left behind by a signal. A run killed outright (SIGKILL, the OOM killer) leaves its temporary folder; the next
+conversion into the same target deletes it (the folder names its process, which must be gone). Deleting never
+follows a symlink (shutil.rmtree does not).
 """
 from __future__ import annotations
 
 import ctypes
 import errno
+import glob
 import json
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 from contextlib import contextmanager
@@ -29,6 +33,7 @@ from pathlib import Path
 from .errors import ConversionError, Interrupted
 
 MARKER = ".quark_onnx_builder.json"
+OWNER_FILE = ".quark_onnx_builder.owner"  # in a temporary folder only: {"pid", "host"} of the converting process
 SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
 DISK_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
@@ -70,13 +75,47 @@ def write_marker(folder: Path, info: dict) -> None:
     (folder / MARKER).write_text(json.dumps({"written_by": "quark-onnx-builder", **info}, sort_keys=True) + "\n")
 
 
-def make_temp(target: Path) -> Path:
+def make_temp(target: Path, warn=None) -> Path:
+    """A fresh `.NAME.tmp-XXXX` beside the target, holding OWNER_FILE (this process) until it is swapped in.
+    Temporary folders of killed runs (SIGKILL, OOM killer) of the same target are deleted first."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    for stale in remove_stale_temps(target):
+        if warn:
+            warn(f"deleted {stale}, left by an earlier conversion that was killed")
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     umask = os.umask(0)
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700; the output folder should get the usual permissions
+    (tmp / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
     return tmp
+
+
+def remove_stale_temps(target: Path) -> list[Path]:
+    """Our temporary folders beside `target` whose owning process (same host) no longer exists."""
+    removed = []
+    for tmp in sorted(target.parent.glob(f".{glob.escape(target.name)}.tmp-*")):
+        try:
+            if tmp.is_symlink() or not tmp.is_dir():
+                continue
+            owner = json.loads((tmp / OWNER_FILE).read_text())
+            pid, host = int(owner["pid"]), owner["host"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not ours, or being written: never touched
+        if host != socket.gethostname() or _alive(pid):
+            continue
+        remove_tree(tmp)
+        removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: exists, someone else's
+        return True
+    return True
 
 
 def remove_tree(path: Path) -> None:
@@ -88,6 +127,7 @@ def remove_tree(path: Path) -> None:
 def swap_into_place(tmp: Path, target: Path) -> None:
     """Make `tmp` appear at `target` atomically; the previous `target` tree (if any) is deleted afterwards."""
     with signals_blocked():
+        (tmp / OWNER_FILE).unlink(missing_ok=True)
         if not os.path.lexists(target):
             os.rename(tmp, target)
             return

@@ -7,8 +7,10 @@ holds data at that moment).
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -68,3 +70,30 @@ def test_signal_mid_emit_leaves_nothing(big_export, tmp_path, sig):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "temporary folder left behind"
     assert tree_digest(out) == before_out, "previous output changed"
     assert tree_digest(big_export) == before_src
+
+
+def test_sigkill_leftover_is_deleted_by_the_next_run(big_export, tmp_path):
+    """SIGKILL (or the OOM killer) cannot be caught: the temporary folder stays, and the next conversion into the
+    same -o deletes it (its owner process is gone) with a warning, while a live run's folder is never touched."""
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "builder", "-i", big_export, "-o", out], cwd=REPO, env=env,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    for line in proc.stderr:
+        if line.startswith("[2/3] emitted"):
+            break
+    proc.kill()
+    proc.wait()
+    proc.stderr.close()
+    (stale,) = [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
+    live = tmp_path / ".out.tmp-live"
+    live.mkdir()
+    (live / ".quark_onnx_builder.owner").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    small = tmp_path / "small"  # any export will do for the second run
+    from synthetic_quark_export import write
+    write(small, "tiny", group=16)
+    r = subprocess.run([sys.executable, "-m", "builder", "-i", small, "-o", out, "-q"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"warning: deleted {stale}, left by an earlier conversion that was killed" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.tmp-live", "out", "small"]
