@@ -177,7 +177,7 @@ def signals_blocked():
 @contextmanager
 def signals_raise():
     """SIGTERM and SIGHUP raise Interrupted (SIGINT raises KeyboardInterrupt as usual) while the block runs, so the
-    caller's clean-up runs for them too."""
+    caller's clean-up runs for them too. Signals the process was started with ignored stay ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -187,7 +187,9 @@ def signals_raise():
 
     previous = {}
     for sig in SIGNALS:
-        if sig == signal.SIGINT:
+        # SIGINT raises KeyboardInterrupt already; an ignored signal stays ignored (`nohup` ignores SIGHUP so that
+        # the conversion survives the terminal closing)
+        if sig == signal.SIGINT or signal.getsignal(sig) == signal.SIG_IGN:
             continue
         previous[sig] = signal.signal(sig, handler)
     try:

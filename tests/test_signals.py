@@ -31,6 +31,13 @@ def big_export(tmp_path_factory) -> Path:
     return out
 
 
+def _default_signals() -> None:
+    """A shell runs background jobs with SIGINT ignored, and Python keeps an ignored SIGINT ignored: a test run
+    started with `&` would otherwise never see the SIGINT it sends."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _previous_output(out: Path) -> None:
     from builder.output_dir import write_marker
     out.mkdir()
@@ -45,7 +52,8 @@ def test_signal_mid_emit_leaves_nothing(big_export, tmp_path, sig):
     before_out, before_src = tree_digest(out), tree_digest(big_export)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "builder", "-i", big_export, "-o", out], cwd=REPO, env=env,
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            preexec_fn=_default_signals)
     seen = []
     deadline = time.monotonic() + 120
     try:
@@ -97,3 +105,22 @@ def test_sigkill_leftover_is_deleted_by_the_next_run(big_export, tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"warning: deleted {stale}, left by an earlier conversion that was killed" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [".out.tmp-live", "out", "small"]
+
+
+def test_nohup_keeps_sighup_ignored(big_export, tmp_path):
+    """Under `nohup` (SIGHUP ignored) a SIGHUP must not stop the conversion."""
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def nohup():
+        _default_signals()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    proc = subprocess.Popen([sys.executable, "-m", "builder", "-i", big_export, "-o", out], cwd=REPO, env=env,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=nohup)
+    for line in proc.stderr:
+        if line.startswith("[2/3] emitted"):
+            break
+    proc.send_signal(signal.SIGHUP)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0, rest
+    assert (out / "model.onnx").is_file() and "done:" in rest
