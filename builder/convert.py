@@ -1,6 +1,7 @@
 """The pipeline: read -> plan -> emit -> save -> genai_config. Output appears only when everything succeeded."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -15,9 +16,9 @@ from .emit_context import BuildOptions, EmitContext
 from .ep_configs import get_ep
 from .ep_configs.base import EPConfig
 from .errors import ConversionError
-from .genai_config import TOKENIZER_REQUIRED, build_genai_config, copy_tokenizer_files, write_genai_config
+from .genai_config import TOKENIZER_FILES, TOKENIZER_REQUIRED, build_genai_config, copy_tokenizer_files, write_genai_config
 from .graph import GraphBuilder
-from .input_files import exists, list_dir, read_json
+from .input_files import exists, list_dir, open_input, read_json
 from .options import options_not_applying
 from .output_dir import (make_temp, remove_tree, resolve_output, signals_raise, swap_into_place, write_error,
                          write_marker)
@@ -116,6 +117,9 @@ def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, 
     from .attention_plan import choose_attention  # late import: attention variants register themselves
     choose_attention(model_plan, ckpt)
     model_plan.warnings += options_not_applying(model_plan)
+    for name in TOKENIZER_FILES:  # copied at the end: refused now if they cannot be read (FIFO, loop, ...)
+        if exists(source / name):
+            os.close(open_input(source / name, source))
     if not any(exists(source / n) for n in TOKENIZER_REQUIRED):
         model_plan.warnings.append(f"no tokenizer files in {source} ({', '.join(TOKENIZER_REQUIRED)}): "
                                    "onnxruntime-genai cannot load the output without them; copy them from the "

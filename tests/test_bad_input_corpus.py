@@ -153,6 +153,7 @@ CASES = {
     "config_not_json": ("uint4", config_text("{\"a\": "), [], ["config.json", "not valid JSON"]),
     "config_folder": ("uint4", config_is_folder, [], ["config.json", "folder"]),
     "config_fifo": ("uint4", fifo("config.json"), [], ["config.json", "not a regular file"]),
+    "tokenizer_fifo": ("uint4", fifo("tokenizer.json"), [], ["tokenizer.json", "not a regular file"]),
     # types and ranges
     "rope_scaling_string": ("uint4", config(rope_scaling="linear"), [], ["rope_scaling='linear'", "object"]),
     "rope_theta_nan": ("uint4", config(rope_theta=float("nan")), [], ["rope_theta=nan", "finite positive"]),
