@@ -4,7 +4,8 @@ Rules (checked before anything is read or written):
   - `-o` may not be the input folder, inside it, or contain it (compared after resolving symlinks), nor `/`, nor the
     current folder or one of its parents (the folder is replaced as a whole).
   - An existing `-o` must be an empty folder or a previous output of this builder (it holds MARKER, written into
-    every output); anything else is refused unless `--overwrite` is given.
+    every output); anything else is refused unless `--overwrite` is given, and a folder with sub-folders (a home
+    or project folder typed by mistake; our outputs are flat) is refused even then.
   - A symlink `-o` is followed: the folder it points to is what gets replaced or created (the symlink itself is
     kept, and the temporary folder is made beside the target, on its file system); a dangling symlink is refused
     when the folder its target would be in does not exist.
@@ -64,10 +65,16 @@ def resolve_output(source: Path, output: Path, overwrite: bool = False) -> Path:
             entries = os.listdir(target)
         except OSError as exc:
             raise ConversionError(f"output folder unreadable ({exc.strerror})", file=shown) from None
-        if entries and MARKER not in entries and not overwrite:
-            raise ConversionError("output folder exists and holds files this builder did not write (e.g. "
-                                  f"{sorted(entries)[0]}); choose another -o, or pass --overwrite to replace it",
-                                  file=shown)
+        if entries and MARKER not in entries:
+            if not overwrite:
+                raise ConversionError("output folder exists and holds files this builder did not write (e.g. "
+                                      f"{sorted(entries)[0]}); choose another -o, or pass --overwrite to replace "
+                                      "it", file=shown)
+            folders = sorted(e for e in entries if (target / e).is_dir() and not (target / e).is_symlink())
+            if folders:  # a home or project folder typed by mistake: our outputs never hold sub-folders
+                raise ConversionError(f"output folder holds sub-folders (e.g. {folders[0]}), which no output of "
+                                      "this builder has; not replaced even with --overwrite, delete it yourself",
+                                      file=shown)
     return target
 
 

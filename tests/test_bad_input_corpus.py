@@ -143,6 +143,8 @@ CASES = {
     "o_cwd": ("uint4", lambda s, t: (t / "cwd").mkdir(), ["-o", ".", "CWD=TMP/cwd"], [".: ", "current folder"]),
     "o_foreign_files": ("uint4", lambda s, t: ((t / "notes").mkdir(), (t / "notes" / "todo.txt").write_text("x")),
                         ["-o", "TMP/notes"], ["notes", "did not write", "todo.txt", "--overwrite"]),
+    "o_overwrite_folder_with_subfolders": ("uint4", lambda s, t: (t / "home" / "projects").mkdir(parents=True),
+                                           ["-o", "TMP/home", "--overwrite"], ["home", "sub-folders", "projects"]),
     "o_is_a_file": ("uint4", lambda s, t: (t / "f.txt").write_text("x"), ["-o", "TMP/f.txt"], ["not a folder"]),
     "o_dangling_symlink": ("uint4", lambda s, t: os.symlink(t / "no" / "where", t / "dl"), ["-o", "TMP/dl"],
                            ["dangling symlink"]),
