@@ -451,3 +451,36 @@ def test_replacing_an_output_never_follows_its_symlinks(exports, tmp_path):
     assert run_cli(["-i", exports["uint4"], "-o", out, "-q"]).returncode == 0
     assert (outside / "precious.txt").read_text() == "keep" and not (out / "link_to_outside").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "outside"]
+
+
+def test_disk_full_in_process_names_output(exports, tmp_path, monkeypatch):
+    """ENOSPC from the data-file writer (simulated): ConversionError naming -o, the temporary folder removed."""
+    import errno
+
+    import builder.graph as graph
+    from builder.convert import convert
+    from builder.errors import ConversionError
+    real_add = graph.GraphBuilder._add
+    calls = [0]
+
+    def full(self, *a, **k):
+        calls[0] += 1
+        if calls[0] > 5:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.data_path))
+        return real_add(self, *a, **k)
+    monkeypatch.setattr(graph.GraphBuilder, "_add", full)
+    out = tmp_path / "out"
+    with pytest.raises(ConversionError, match=f"{out}: cannot write the output: no space left on the device"):
+        convert(exports["uint4"], out, log=lambda _m: None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_swap_without_renameat2(exports, tmp_path, monkeypatch):
+    """Where the kernel has no RENAME_EXCHANGE, the two-rename fallback leaves no .old folder either."""
+    import builder.output_dir as output_dir
+    from builder.convert import convert
+    monkeypatch.setattr(output_dir, "_exchange", lambda a, b: False)
+    out = tmp_path / "out"
+    for _ in range(2):
+        convert(exports["uint4"], out, log=lambda _m: None)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (out / "model.onnx").is_file()
