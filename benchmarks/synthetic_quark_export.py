@@ -22,6 +22,7 @@ from synthetic_export import QUANT_CONFIG  # noqa: E402
 
 PRESETS = {  # hidden, intermediate, layers, heads, kv_heads, vocab
     "tiny": (256, 688, 4, 8, 2, 4096),
+    "signals": (1024, 2816, 6, 16, 4, 16000),  # tests/test_signals.py: ~100 MB out, emitted in about a second
     "1b": (2048, 5632, 22, 32, 4, 32000),      # TinyLlama-1.1B shape
     "8b": (4096, 14336, 32, 32, 8, 128256),    # Llama-3.1-8B shape
     "over-2gb": (2048, 5632, 4, 32, 4, 128256),  # small layers, 128k vocab: a 2.2 GB ONNX data file

@@ -6,9 +6,11 @@ Subcommands: `inspect` (per-layer plan, writes nothing), `check` (EP rules on a 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
-from .errors import ConversionError
+from .errors import ConversionError, Interrupted
+from .options import OPTIONS
 
 SUBCOMMANDS = ("convert", "inspect", "check", "verify")
 
@@ -20,32 +22,14 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="activation/io dtype (default: fp32 on cpu, fp16 on GPUs)")
     p.add_argument("-c", "--cache_dir", default=None, help="unused; accepted for onnxruntime-genai CLI parity")
     p.add_argument("--extra_options", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="accuracy_level=N, fp8_attention=auto|off, kv_cache=auto|emulate|native|off, "
-                        "mx_activations=emulate|skip, custom_ops_library=PATH")
+                   help="; ".join(f"{k}: {o.help}" for k, o in OPTIONS.items()))
     p.add_argument("--verbose", action="store_true", help="show tracebacks")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines or notes (warnings and errors only)")
 
 
 def parse_extra_options(pairs: list[str]):
-    from .emit_context import BuildOptions
-    options = BuildOptions()
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ConversionError("expected KEY=VALUE", field="--extra_options", value=pair)
-        if key == "accuracy_level":
-            if value not in ("0", "1", "2", "3", "4"):
-                raise ConversionError("accuracy_level must be 0-4", field="--extra_options accuracy_level",
-                                      value=value, accepted="0, 1, 2, 3, 4")
-            options.accuracy_level = int(value)
-        elif key in ("fp8_attention", "kv_cache", "mx_activations", "custom_ops_library"):
-            setattr(options, key, value)
-        elif key == "fuse_projections":
-            if value not in ("0", "1", "true", "false"):
-                raise ConversionError("expected 0 or 1", field="--extra_options fuse_projections", value=value)
-            options.fuse_projections = value in ("1", "true")
-        else:
-            options.extra[key] = value
-    return options
+    from .options import parse_extra_options as parse
+    return parse(pairs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         if command == "convert":
             parser.add_argument("-o", "--output", required=True, help="output folder for model.onnx + genai_config")
             parser.add_argument("--dry-run", action="store_true", help="same as the inspect subcommand")
+            parser.add_argument("--overwrite", action="store_true",
+                                help="replace an existing -o folder even if this builder did not write it")
+            parser.add_argument("--validate", action="store_true",
+                                help="after building: onnx.checker and a one-token run on ONNX Runtime CPU")
         args = parser.parse_args(argv)
         options = parse_extra_options(args.extra_options)
         if command == "inspect" or getattr(args, "dry_run", False):
@@ -72,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
             print(describe_plan(plan))
             return 0
         from .convert import convert
-        convert(args.input, args.output, args.execution_provider, args.precision, options)
+        quiet = (lambda _msg: None) if args.quiet else None
+        convert(args.input, args.output, args.execution_provider, args.precision, options, log=quiet,
+                overwrite=args.overwrite, validate=args.validate)
         return 0
     except ConversionError as exc:
         if verbose:
@@ -80,7 +70,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print("error: interrupted (SIGINT); nothing was written", file=sys.stderr)
         return 130
+    except Interrupted as exc:
+        print(f"error: interrupted ({signal.Signals(exc.signum).name}); nothing was written", file=sys.stderr)
+        return 128 + exc.signum
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the CLI boundary: never a bare traceback
+        if verbose:
+            raise
+        print(f"error: internal error: {_describe(exc)} (rerun with --verbose for the traceback)", file=sys.stderr)
+        return 1
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "RecursionError (input nested too deeply)"
+    if isinstance(exc, MemoryError):
+        return "MemoryError (out of memory)"
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.filename}: {exc.strerror or type(exc).__name__}"
+    text = " ".join(str(exc).split())[:300]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _check(argv: list[str]) -> int:

@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from .errors import ConversionError
+from .input_files import exists, list_dir, open_input, read_json
 
 SAFETENSORS_DTYPES = {
     "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
@@ -36,6 +37,13 @@ LEGACY_SUFFIXES = {
 }
 
 
+MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
+
+
+def _is_uint(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 @dataclass(frozen=True)
 class TensorEntry:
     file: Path
@@ -52,52 +60,86 @@ class Checkpoint:
         self.model_dir = Path(model_dir)
         self._entries: dict[str, TensorEntry] = {}
         self._fds: dict[Path, int] = {}
-        for file in self._shard_files():
-            self._read_header(file)
+        try:
+            for file in self._shard_files():
+                self._read_header(file)
+        except BaseException:
+            self.close()
+            raise
 
     def _shard_files(self) -> list[Path]:
         index = self.model_dir / "model.safetensors.index.json"
-        if index.exists():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError) as exc:
-                raise ConversionError(f"unreadable shard index ({exc})", file=index, field="weight_map") from None
-            files = sorted({self.model_dir / f for f in weight_map.values()})
-            for f in files:
-                if not f.exists():
+        if exists(index):
+            weight_map = read_json(index, self.model_dir).get("weight_map")
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise ConversionError("must be an object of tensor name -> shard file name", file=index,
+                                      field="weight_map", value=type(weight_map).__name__)
+            names = sorted(set(weight_map.values()))
+            for name in names:
+                if not name or "/" in name or "\\" in name or name in (".", ".."):
+                    raise ConversionError("shard must be a file name inside the model folder", file=index,
+                                          field="weight_map", value=name)
+                if not exists(self.model_dir / name):
                     raise ConversionError("shard listed in the index is missing", file=index,
-                                          field="weight_map", value=f.name)
-            return files
-        files = sorted(self.model_dir.glob("*.safetensors"))
+                                          field="weight_map", value=name)
+            return [self.model_dir / n for n in names]
+        files = [self.model_dir / n for n in list_dir(self.model_dir)
+                 if n.endswith(".safetensors") and not n.startswith(".")]
         if not files:
             raise ConversionError("no *.safetensors file", file=self.model_dir)
         return files
 
     def _read_header(self, file: Path) -> None:
-        with open(file, "rb") as fh:
-            raw = fh.read(8)
+        """Parse one shard's header; the file stays open (this fd serves every later read of its tensors)."""
+        fd = open_input(file, self.model_dir)
+        self._fds[file] = fd
+        try:
+            size = os.fstat(fd).st_size
+            raw = os.pread(fd, 8, 0)
             if len(raw) != 8:
                 raise ConversionError("truncated safetensors file (no header)", file=file)
             (header_len,) = struct.unpack("<Q", raw)
-            size = file.stat().st_size
             if header_len > size - 8:
                 raise ConversionError("truncated safetensors file (header length past end)", file=file,
                                       field="header_len", value=header_len)
-            try:
-                header = json.loads(fh.read(header_len))
-            except ValueError:
-                raise ConversionError("corrupt safetensors header (not JSON)", file=file) from None
+            if header_len > MAX_HEADER_BYTES:
+                raise ConversionError("safetensors header too large", file=file, field="header_len",
+                                      value=header_len, accepted=f"at most {MAX_HEADER_BYTES}")
+            blob = os.pread(fd, header_len, 8)
+        except OSError as exc:
+            raise ConversionError(f"cannot read ({exc.strerror})", file=file) from None
+        try:
+            header = json.loads(blob)
+        except RecursionError:
+            raise ConversionError("corrupt safetensors header (JSON nested too deeply)", file=file) from None
+        except ValueError:
+            raise ConversionError("corrupt safetensors header (not JSON)", file=file) from None
+        if not isinstance(header, dict):
+            raise ConversionError("corrupt safetensors header (not a JSON object)", file=file)
         data_start = 8 + header_len
         for name, meta in header.items():
             if name == "__metadata__":
                 continue
+            if not isinstance(meta, dict):
+                raise ConversionError("corrupt safetensors header (tensor entry not an object)", file=file,
+                                      layer=name)
             dtype = meta.get("dtype")
-            if dtype not in SAFETENSORS_DTYPES:
+            if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
                 raise ConversionError("tensor dtype not supported", file=file, layer=name, field="dtype",
                                       value=dtype, accepted=", ".join(SAFETENSORS_DTYPES))
-            begin, end = meta["data_offsets"]
-            shape = tuple(int(d) for d in meta["shape"])
-            expected = int(np.prod(shape, dtype=np.int64)) * SAFETENSORS_DTYPES[dtype].itemsize
+            offsets, shape = meta.get("data_offsets"), meta.get("shape")
+            if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_uint(x) for x in offsets)
+                    and offsets[0] <= offsets[1]):
+                raise ConversionError("corrupt safetensors header (data_offsets must be [begin, end])", file=file,
+                                      layer=name, field="data_offsets", value=offsets)
+            if not (isinstance(shape, list) and len(shape) <= 8 and all(_is_uint(d) for d in shape)):
+                raise ConversionError("corrupt safetensors header (shape must be a list of sizes)", file=file,
+                                      layer=name, field="shape", value=shape)
+            begin, end = offsets
+            shape = tuple(shape)
+            expected = SAFETENSORS_DTYPES[dtype].itemsize
+            for d in shape:
+                expected *= d
             if end - begin != expected or data_start + end > size:
                 raise ConversionError("tensor data out of bounds or of the wrong size (truncated file?)",
                                       file=file, layer=name, field="data_offsets", value=[begin, end])
@@ -105,6 +147,9 @@ class Checkpoint:
             for old, new in LEGACY_SUFFIXES.items():
                 if name.endswith(old):
                     canonical = name[: -len(old)] + new
+            if canonical in self._entries:
+                first = self._entries[canonical].file
+                raise ConversionError(f"tensor defined twice (also in {first.name})", file=file, layer=canonical)
             self._entries[canonical] = TensorEntry(file, dtype, shape, data_start + begin, data_start + end)
 
     def names(self) -> list[str]:
@@ -131,8 +176,8 @@ class Checkpoint:
         (a memory map would leave every touched page resident and count towards the process's RSS)."""
         e = self.entry(name)
         fd = self._fds.get(e.file)
-        if fd is None:
-            fd = self._fds[e.file] = os.open(e.file, os.O_RDONLY)
+        if fd is None:  # after close(): reopened with the same checks
+            fd = self._fds[e.file] = open_input(e.file, self.model_dir)
         dtype = SAFETENSORS_DTYPES[e.dtype]
         out = np.empty(e.shape, dtype=dtype)
         view = memoryview(out.reshape(-1).view(np.uint8))

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -12,13 +12,18 @@ from pathlib import Path
 
 from . import arch as arch_registry
 from .checkpoint import Checkpoint
+from .config_schema import check_generation_config, check_rotary_size
 from .custom_ops_library import check_custom_ops_library, kernel_note
 from .emit_context import BuildOptions, EmitContext
 from .ep_configs import get_ep
 from .ep_configs.base import EPConfig
 from .errors import ConversionError
-from .genai_config import build_genai_config, copy_tokenizer_files, write_genai_config
+from .genai_config import TOKENIZER_FILES, TOKENIZER_REQUIRED, build_genai_config, copy_tokenizer_files, write_genai_config
 from .graph import GraphBuilder
+from .input_files import exists, list_dir, open_input, read_json
+from .options import options_not_applying
+from .output_dir import (make_temp, remove_tree, resolve_output, signals_raise, swap_into_place, write_error,
+                         write_marker)
 from .ops.moe import MOE_FORMS
 from .quant import LinearPlan, scheme_for
 from .quant.fp8_w8a8 import FP8_LINEAR_FORMS
@@ -43,6 +48,8 @@ class ModelPlan:
     options: BuildOptions
     linears: dict[str, LinearPlan]
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # printed as "warning: ..." even with --quiet
+    generation: dict = field(default_factory=dict)     # generation_config.json, validated
     attention: object = None      # callable emitting one layer's attention core
     decoder_extras: dict = field(default_factory=dict)
     search_extras: dict = field(default_factory=dict)  # genai_config "search" overrides
@@ -54,6 +61,7 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
     source = Path(source)
     if not source.is_dir():
         raise ConversionError("input model folder not found", file=source)
+    list_dir(source)  # an unreadable folder is refused here, not reported as "config.json not found"
     options = options or BuildOptions()
     check_options(options)
     library_kernels = check_custom_ops_library(options.custom_ops_library) if options.custom_ops_library else ()
@@ -65,7 +73,20 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
     cfg, quant = read_model_config(source)
     config_file = str(source / "config.json")
     family, hp = arch_registry.family_for(cfg, config_file)
+    check_rotary_size(hp.max_positions, hp.head_dim, config_file, "max_position_embeddings")
+    generation = read_generation_config(source)
+    own = ckpt is None
     ckpt = ckpt or Checkpoint(source)
+    try:
+        return _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, ep, io, options), ckpt
+    except BaseException:
+        if own:  # the shard fds are opened with the headers
+            ckpt.close()
+        raise
+
+
+def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, ep, io, options) -> ModelPlan:
+    check_layer_count(ckpt, hp.num_layers, config_file)
     for tensor, shape in family.float_tensors(hp):
         check_float_tensor(ckpt, tensor, shape)
     linears: dict[str, LinearPlan] = {}
@@ -92,16 +113,55 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
         plan = LinearPlan(name=name, in_features=n_in, out_features=n_out, spec=spec, scheme=scheme,
                           has_bias=f"{name}.bias" in ckpt, node_prefix=prefix, weight_name=weight_name)
         scheme.check(plan, ckpt, ep)
+        if plan.has_bias:
+            check_float_tensor(ckpt, f"{name}.bias", (n_out,))
         linears[name] = plan
     custom = Counter(op for lp in linears.values()
                      if (op := getattr(lp.scheme, "custom_op", lambda *_: None)(lp, ep, io)))
     notes += [kernel_note(op, n, ep.name, options.custom_ops_library, library_kernels) for op, n in custom.items()]
     model_plan = ModelPlan(source, cfg, quant, family, hp, ep, io, options, linears, notes)
+    model_plan.generation = generation
     from .attention_plan import choose_attention  # late import: attention variants register themselves
     choose_attention(model_plan, ckpt)
     if ep.plan_notes is not None:
         model_plan.notes.extend(ep.plan_notes(model_plan))
-    return model_plan, ckpt
+    model_plan.warnings += options_not_applying(model_plan)
+    for name in TOKENIZER_FILES:  # copied at the end: refused now if they cannot be read (FIFO, loop, ...)
+        if exists(source / name):
+            os.close(open_input(source / name, source))
+    if not any(exists(source / n) for n in TOKENIZER_REQUIRED):
+        model_plan.warnings.append(f"no tokenizer files in {source} ({', '.join(TOKENIZER_REQUIRED)}): "
+                                   "onnxruntime-genai cannot load the output without them; copy them from the "
+                                   "float model the export was made from into the output folder")
+    return model_plan
+
+
+LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def check_layer_count(ckpt: Checkpoint, num_layers: int, config_file: str) -> None:
+    """Every model.layers.N in the checkpoint must be a layer config.json describes, and the other way round."""
+    present = {int(m.group(1)) for m in map(LAYER_INDEX.match, ckpt.names()) if m}
+    extra = sorted(i for i in present if i >= num_layers)
+    if extra:
+        raise ConversionError(f"the checkpoint has layers up to model.layers.{extra[-1]} ({len(present)} layers) "
+                              "that config.json does not describe", file=config_file, field="num_hidden_layers",
+                              value=num_layers, accepted=f"{max(present) + 1} (the checkpoint's layers)")
+    missing = sorted(set(range(num_layers)) - present)
+    if missing:
+        raise ConversionError(f"the checkpoint has no tensors for model.layers.{missing[0]} "
+                              f"({len(present)} layers present)", file=config_file, field="num_hidden_layers",
+                              value=num_layers, accepted=f"{max(present) + 1 if present else 0} (the checkpoint's "
+                              "layers)")
+
+
+def read_generation_config(source: Path) -> dict:
+    path = source / "generation_config.json"
+    if not exists(path):
+        return {}
+    gen = read_json(path, source)
+    check_generation_config(gen, str(path))
+    return gen
 
 
 # --extra_options that choose among a fixed set of forms, with the values each takes. The first two override the
@@ -140,46 +200,66 @@ def check_float_tensor(ckpt: Checkpoint, tensor: str, shape: tuple[int, ...]) ->
 
 
 def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precision: str | None = None,
-            options: BuildOptions | None = None, log=None) -> ModelPlan:
+            options: BuildOptions | None = None, log=None, *, overwrite: bool = False, validate: bool = False,
+            warn=None) -> ModelPlan:
+    """Plan, then write to a temporary folder beside the output and swap it into place when complete.
+    `log` gets progress lines and notes, `warn` warnings (both default to stderr)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     output = Path(output)
+    target = resolve_output(Path(source), output, overwrite)
     plan, ckpt = plan_model(source, ep_name, precision, options)
+    for message in plan.warnings:
+        warn(message)
     log(f"[1/3] planned {len(plan.linears)} linears of {plan.hp.architecture} for {plan.ep.name} "
         f"({plan.io}) in {time.perf_counter() - t0:.1f}s")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700; the output folder should get the usual permissions
-    graph = GraphBuilder(tmp / "model.onnx.data")
+    tmp = graph = None
     try:
-        ctx = EmitContext(graph, ckpt, plan.ep, plan.io, plan.options, plan.quant, notes=plan.notes)
-        _emit_with_progress(ctx, plan, log)
-        t1 = time.perf_counter()
-        graph.finish(tmp / "model.onnx", metadata={"quark_onnx.ep": plan.ep.name, "quark_onnx.io": plan.io})
-        lib = _bundle_custom_ops_library(plan.options.custom_ops_library, tmp)
-        write_genai_config(build_genai_config(plan.hp, plan.ep, plan.source, decoder_extras=plan.decoder_extras,
-                                              custom_ops_library=lib, search_extras=plan.search_extras), tmp)
-        copy_tokenizer_files(plan.source, tmp)
-        log(f"[3/3] saved model.onnx + model.onnx.data ({(tmp / 'model.onnx.data').stat().st_size / 2**20:.1f} MiB)"
-            f" in {time.perf_counter() - t1:.1f}s")
-        from .ep_check import check_model  # static EP rules on the built graph
-        problems = check_model(tmp / "model.onnx", plan.ep)
-        if problems:
-            raise ConversionError(f"built graph breaks {len(problems)} {plan.ep.name} rule(s): {problems[0]}",
-                                  file=output, field="--execution_provider", value=plan.ep.name)
-        _replace_dir(tmp, output)
-    except BaseException:
-        graph.abort()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with signals_raise():
+            try:
+                tmp = make_temp(target, warn)
+                graph = GraphBuilder(tmp / "model.onnx.data")
+                _write_output(plan, ckpt, graph, tmp, output, log, t0, validate)
+                swap_into_place(tmp, target)
+            except BaseException as exc:
+                if graph is not None:
+                    graph.abort()
+                if tmp is not None:
+                    remove_tree(tmp)
+                if isinstance(exc, OSError):  # disk full, file-size limit, permissions: one line naming -o
+                    raise write_error(exc, output) from None
+                raise
     finally:
         ckpt.close()
     for note in plan.notes:
         log(f"note: {note}")
     log(f"done: {output} in {time.perf_counter() - t0:.1f}s")
     return plan
+
+
+def _write_output(plan: ModelPlan, ckpt: Checkpoint, graph: GraphBuilder, tmp: Path, output: Path, log, t0: float,
+                  validate: bool) -> None:
+    ctx = EmitContext(graph, ckpt, plan.ep, plan.io, plan.options, plan.quant, notes=plan.notes)
+    _emit_with_progress(ctx, plan, log)
+    t1 = time.perf_counter()
+    graph.finish(tmp / "model.onnx", metadata={"quark_onnx.ep": plan.ep.name, "quark_onnx.io": plan.io})
+    lib = _bundle_custom_ops_library(plan.options.custom_ops_library, tmp)
+    write_genai_config(build_genai_config(plan.hp, plan.ep, plan.source, decoder_extras=plan.decoder_extras,
+                                          custom_ops_library=lib, search_extras=plan.search_extras,
+                                          generation=plan.generation), tmp)
+    copy_tokenizer_files(plan.source, tmp)
+    write_marker(tmp, {"ep": plan.ep.name, "io": plan.io})
+    log(f"[3/3] saved model.onnx + model.onnx.data ({(tmp / 'model.onnx.data').stat().st_size / 2**20:.1f} MiB)"
+        f" in {time.perf_counter() - t1:.1f}s")
+    from .ep_check import check_model  # static EP rules on the built graph
+    problems = check_model(tmp / "model.onnx", plan.ep)
+    if problems:
+        raise ConversionError(f"built graph breaks {len(problems)} {plan.ep.name} rule(s): {problems[0]}",
+                              file=output, field="--execution_provider", value=plan.ep.name)
+    if validate:
+        from .validate import validate_model
+        log(validate_model(tmp, output, plan.hp.vocab_size, plan.hp.bos_token_id, lib))
 
 
 def _emit_with_progress(ctx: EmitContext, plan: ModelPlan, log) -> None:
@@ -205,19 +285,6 @@ def _bundle_custom_ops_library(path: str | None, out_dir: Path) -> str | None:
     return lib.name
 
 
-def _replace_dir(tmp: Path, output: Path) -> None:
-    if output.exists():
-        if output.is_file():
-            raise ConversionError("output path is a file", file=output)
-        old = output.with_name(f".{output.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        output.rename(old)
-        tmp.rename(output)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(output)
-
-
 def describe_plan(plan: ModelPlan) -> str:
     hp = plan.hp
     lines = [f"model: {hp.architecture} ({hp.model_type}) layers={hp.num_layers} hidden={hp.hidden_size} "
@@ -234,4 +301,6 @@ def describe_plan(plan: ModelPlan) -> str:
         lines.append(f"  {name:<{width}}  {spec}  ->  {lp.scheme.describe(lp, plan.ep)}{bias}")
     for note in plan.notes:
         lines.append(f"note: {note}")
+    for warning in plan.warnings:
+        lines.append(f"warning: {warning}")
     return "\n".join(lines)

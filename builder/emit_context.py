@@ -22,6 +22,7 @@ class BuildOptions:
     custom_ops_library: str | None = None
     fuse_projections: bool = True        # q/k/v and gate/up share one matmul where their schemes agree
     extra: dict = field(default_factory=dict)
+    given: tuple[str, ...] = ()          # the --extra_options keys the user gave (for "does not apply" warnings)
 
 
 @dataclass

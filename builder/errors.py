@@ -33,3 +33,11 @@ class ConversionError(Exception):
         if self.accepted:
             text += f" (accepted: {self.accepted})"
         return " ".join(text.split())
+
+
+class Interrupted(BaseException):
+    """SIGTERM / SIGHUP during a conversion (SIGINT is KeyboardInterrupt); the CLI exits with 128 + signum."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signum)

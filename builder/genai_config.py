@@ -6,9 +6,12 @@ from pathlib import Path
 
 from .arch.base import DecoderHyper
 from .ep_configs.base import EPConfig
+from .input_files import exists, read_input, read_json
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json")
+# onnxruntime-genai's tokenizer needs one of these (tokenizer.json, or a sentencepiece model, or BPE vocab files)
+TOKENIZER_REQUIRED = ("tokenizer.json", "tokenizer.model", "vocab.json")
 SEARCH_DEFAULTS = {"diversity_penalty": 0.0, "do_sample": False, "early_stopping": True, "length_penalty": 1.0,
                    "min_length": 0, "no_repeat_ngram_size": 0, "num_beams": 1, "num_return_sequences": 1,
                    "past_present_share_buffer": True, "repetition_penalty": 1.0, "temperature": 1.0, "top_k": 50,
@@ -19,9 +22,12 @@ FROM_GENERATION_CONFIG = ("do_sample", "temperature", "top_k", "top_p", "repetit
 
 def build_genai_config(hp: DecoderHyper, ep: EPConfig, source_dir: Path, *, filename: str = "model.onnx",
                        decoder_extras: dict | None = None, custom_ops_library: str | None = None,
-                       search_extras: dict | None = None) -> dict:
-    gen_path = source_dir / "generation_config.json"
-    gen = json.loads(gen_path.read_text()) if gen_path.exists() else {}
+                       search_extras: dict | None = None, generation: dict | None = None) -> dict:
+    """`generation`: generation_config.json as read and validated by the plan (read here when not given)."""
+    if generation is None:
+        gen_path = source_dir / "generation_config.json"
+        generation = read_json(gen_path, source_dir) if exists(gen_path) else {}
+    gen = generation
     eos = gen.get("eos_token_id", hp.eos_token_id)
     bos = gen.get("bos_token_id", hp.bos_token_id)
     pad = gen.get("pad_token_id", hp.pad_token_id)
@@ -62,7 +68,7 @@ def copy_tokenizer_files(source_dir: Path, out_dir: Path) -> list[str]:
     copied = []
     for name in TOKENIZER_FILES:
         src = source_dir / name
-        if src.exists():
-            (out_dir / name).write_bytes(src.read_bytes())
+        if exists(src):
+            (out_dir / name).write_bytes(read_input(src, source_dir, limit=1 << 30))
             copied.append(name)
     return copied

@@ -10,7 +10,6 @@ exclude (exact, then fnmatch) -> layer_quant_config (exact key, then first fnmat
 from __future__ import annotations
 
 import fnmatch
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,6 +165,10 @@ def _with_source(spec: QLayerSpec, source: str) -> QLayerSpec:
     return QLayerSpec(spec.weight, spec.input_tensors, spec.output_tensors, spec.bias, source)
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _is_pattern(text: str) -> bool:
     return any(c in text for c in "*?[")
 
@@ -203,11 +206,21 @@ class _Parser:
         if sf not in SCALE_FORMATS:
             self.fail("unknown scale_format", f"{path}.scale_format", sf, "null, e8m0, float32, e5m3")
         gs = d.get("group_size")
-        if gs is not None and (not isinstance(gs, int) or gs <= 0):
+        if gs is not None and (not _is_int(gs) or gs <= 0):
             self.fail("group_size must be a positive integer", f"{path}.group_size", gs)
         if qscheme == "per_group" and gs is None:
             self.fail("per_group needs a group_size", f"{path}.group_size", gs)
         bs = d.get("block_size")
+        if bs is not None and not (_is_int(bs) or isinstance(bs, list) and all(_is_int(x) for x in bs)):
+            self.fail("block_size must be an integer or a list of integers", f"{path}.block_size", bs)
+        for key in ("symmetric", "is_dynamic", "is_scale_quant"):
+            if d.get(key) is not None and not isinstance(d[key], bool):
+                self.fail("must be true, false or null", f"{path}.{key}", d[key])
+        if d.get("ch_axis") is not None and not _is_int(d["ch_axis"]):
+            self.fail("must be an integer or null", f"{path}.ch_axis", d["ch_axis"])
+        for key in ("scale_calculation_mode", "mx_element_dtype"):
+            if d.get(key) is not None and not isinstance(d[key], str):
+                self.fail("must be a string or null", f"{path}.{key}", d[key])
         return QTensorSpec(dtype=dtype, qscheme=qscheme, ch_axis=d.get("ch_axis"), group_size=gs,
                            block_size=tuple(bs) if isinstance(bs, list) else (bs,) if bs else None,
                            symmetric=d.get("symmetric"), is_dynamic=bool(d.get("is_dynamic")), round_method=rm,
@@ -258,6 +271,14 @@ class _Parser:
     def export(self, d: Any) -> ExportSpec:
         if d is None:
             return ExportSpec()
+        if not isinstance(d, dict):
+            self.fail("must be an object", "export", d)
+        group = d.get("kv_cache_group")
+        if group is not None and not (isinstance(group, list) and all(isinstance(x, str) for x in group)):
+            self.fail("must be a list of layer names", "export.kv_cache_group", group)
+        mks = d.get("min_kv_scale")
+        if mks is not None and (isinstance(mks, bool) or not isinstance(mks, (int, float)) or not mks >= 0):
+            self.fail("must be a non-negative number", "export.min_kv_scale", mks)
         unknown = set(d) - EXPORT_KEYS
         if unknown:
             k = sorted(unknown)[0]
@@ -285,6 +306,9 @@ def parse_quant_config(q: dict, config_file: str) -> QuarkConfig:
         p.fail("unknown key", k, q[k], ", ".join(sorted(TOP_KEYS)))
     if "global_quant_config" not in q:
         p.fail("missing", "global_quant_config", None)
+    for key, kind, what in (("kv_cache_post_rope", bool, "true or false"), ("version", str, "a string")):
+        if q.get(key) is not None and not isinstance(q[key], kind):
+            p.fail(f"must be {what}", key, q[key])
     if q.get("quant_mode") not in (None, "eager_mode", "fx_graph_mode"):
         p.fail("unknown quant_mode", "quant_mode", q.get("quant_mode"), "eager_mode, fx_graph_mode")
     exclude = q.get("exclude") or []
@@ -310,13 +334,14 @@ def parse_quant_config(q: dict, config_file: str) -> QuarkConfig:
 
 
 def read_model_config(model_dir: str | Path) -> tuple[dict, QuarkConfig | None]:
-    """config.json as a dict, and its parsed quantization_config (None for a float model)."""
+    """config.json as a dict (every field we read type-checked), and its parsed quantization_config (None for a
+    float model)."""
+    from .config_schema import check_config_fields
+    from .input_files import exists, read_json
     path = Path(model_dir) / "config.json"
-    if not path.exists():
+    if not exists(path):
         raise ConversionError("config.json not found", file=path)
-    try:
-        cfg = json.loads(path.read_text())
-    except ValueError as exc:
-        raise ConversionError(f"config.json is not valid JSON ({exc.args[0]})", file=path) from None
+    cfg = read_json(path, Path(model_dir))
+    check_config_fields(cfg, str(path))
     q = cfg.get("quantization_config")
     return cfg, (parse_quant_config(q, str(path)) if q is not None else None)

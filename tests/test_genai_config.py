@@ -35,7 +35,7 @@ def test_fields_from_config_and_generation_config(tmp_path):
     assert search["temperature"] == 0.6 and search["top_p"] == 0.9 and search["do_sample"] is True
     assert search["max_length"] == 128
     assert {p.name for p in out.iterdir()} == {"model.onnx", "model.onnx.data", "genai_config.json",
-                                               "tokenizer.json", "chat_template.jinja"}
+                                               "tokenizer.json", "chat_template.jinja", ".quark_onnx_builder.json"}
 
 
 def test_custom_ops_library_is_copied_and_named(tmp_path, ort_ops_library):

@@ -94,12 +94,12 @@ def read_hyper(cfg: dict, architecture: str, model_type: str, config_file: str) 
     sliding_rope = None
     if "full_attention" in rope or "sliding_attention" in rope:  # per-layer-type rope (Gemma3 in transformers 5)
         local = rope.get("sliding_attention") or {}
-        sliding_rope = (float(local.get("rope_theta", 10000.0)),
+        sliding_rope = (float(_first_set(local.get("rope_theta"), 10000.0)),
                         local if local.get("rope_type", "default") != "default" else None)
         rope = rope.get("full_attention") or {}
     elif cfg.get("rope_local_base_freq") is not None:  # older Gemma3 config.json spelling
         sliding_rope = (float(cfg["rope_local_base_freq"]), None)
-    theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    theta = _first_set(rope.get("rope_theta"), cfg.get("rope_theta"), 10000.0)
     scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
     windowed = None

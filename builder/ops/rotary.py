@@ -32,5 +32,10 @@ def inv_frequencies(rotary_dim: int, theta: float, scaling: dict | None, config_
 def cos_sin_caches(rotary_dim: int, max_positions: int, theta: float, scaling: dict | None,
                    config_file: str) -> tuple[np.ndarray, np.ndarray]:
     inv = inv_frequencies(rotary_dim, theta, scaling, config_file)
-    angles = np.outer(np.arange(max_positions, dtype=np.float64), inv)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    cos = np.empty((max_positions, inv.size), np.float32)
+    sin = np.empty_like(cos)
+    for start in range(0, max_positions, 1 << 16):  # float64 angles a block at a time, not the whole table
+        angles = np.outer(np.arange(start, min(start + (1 << 16), max_positions), dtype=np.float64), inv)
+        cos[start:start + len(angles)] = np.cos(angles)
+        sin[start:start + len(angles)] = np.sin(angles)
+    return cos, sin

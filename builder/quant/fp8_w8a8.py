@@ -124,6 +124,11 @@ class Fp8W8A8(Scheme):
         if ssize != want:
             _fail(ckpt, f"{base}.weight_scale", f"{w.qscheme} FP8 weight scale must hold {want} value(s)",
                   "shape", list(ckpt.shape(f"{base}.weight_scale")))
+        scale = ckpt.get_scale(f"{base}.weight_scale")  # small: one value per tensor or per output channel
+        bad = ~np.isfinite(scale) | (scale < 0)
+        if bad.any():
+            _fail(ckpt, f"{base}.weight_scale", f"{int(bad.sum())} negative or non-finite scale(s) (corrupt "
+                  "checkpoint?)", "value", float(scale[bad][0]))
 
     @staticmethod
     def load(plan: LinearPlan, ckpt) -> tuple[np.ndarray, np.ndarray]:

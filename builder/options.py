@@ -1,0 +1,142 @@
+"""`--extra_options KEY=VALUE`: every key the builder knows, its values, and which models it applies to.
+
+One table, OPTIONS: key -> Option(parse, applies, help). `parse` turns the text into the value stored on
+BuildOptions (an attribute of that name, or BuildOptions.extra[key] when there is no such attribute) and raises
+ConversionError for a value it does not accept; `applies(plan)` says whether the key changes anything for the
+model at hand (False: a warning is printed, the conversion goes on). To add an option, add one entry.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .emit_context import BuildOptions
+from .errors import ConversionError
+
+
+@dataclass(frozen=True)
+class Option:
+    parse: Callable[[str, str], object]          # (key, text) -> value
+    applies: Callable[[object], bool] | None     # (ModelPlan) -> bool; None: every model
+    help: str
+
+
+def choice(*values: str, convert: Callable[[str], object] | None = None):
+    def parse(key: str, text: str):
+        if text not in values:
+            raise ConversionError(f"unknown {key} value", field=f"--extra_options {key}", value=text,
+                                  accepted=", ".join(values))
+        return convert(text) if convert else text
+    return parse
+
+
+def _choices_of(module_attr: tuple[str, str]):
+    """Choices owned by a scheme module (imported when first used, so this table stays import-light)."""
+    import importlib
+    module, attr = module_attr
+
+    def parse(key: str, text: str):
+        return choice(*getattr(importlib.import_module(module), attr))(key, text)
+    return parse
+
+
+def _path(key: str, text: str):
+    if not text:
+        raise ConversionError("needs a path", field=f"--extra_options {key}", value=text)
+    return text  # loadability is checked where the library is bundled
+
+
+# ---- which models a key applies to ------------------------------------------------------------------------------
+def _specs(plan):
+    return [lp.spec for lp in plan.linears.values() if lp.spec is not None]
+
+
+def _has_matmul_nbits(plan) -> bool:
+    return any(lp.scheme.__name__ in ("IntWeightOnly", "Mxfp4Linear", "Nvfp4Linear") for lp in plan.linears.values())
+
+
+def _has_dtype(plan, *prefixes: str, slot: str = "weight") -> bool:
+    return any(t.dtype.startswith(prefixes) for s in _specs(plan) for t in getattr(s, slot))
+
+
+def _has_kv(plan) -> bool:
+    return any(s.output_tensors for s in _specs(plan) if plan.quant is not None)
+
+
+def _has_fp8_attention(plan) -> bool:
+    q = plan.quant
+    if q is None:
+        return False
+    return q.softmax_spec is not None or bool(q.raw.get("attention_quant_config")) or any(
+        name.endswith("q_proj") and lp.spec is not None and lp.spec.output_tensors
+        for name, lp in plan.linears.items())
+
+
+def _has_fp4(plan) -> bool:
+    return any(lp.scheme.__name__ in ("Mxfp4Linear", "Nvfp4Linear") for lp in plan.linears.values())
+
+
+def _has_moe(plan) -> bool:
+    return hasattr(plan.hp, "num_experts")
+
+
+def _has_fusable(plan) -> bool:
+    return any(n.endswith(("q_proj", "gate_proj")) for n in plan.linears)
+
+
+OPTIONS: dict[str, Option] = {
+    "accuracy_level": Option(choice("0", "1", "2", "3", "4", convert=int), _has_matmul_nbits,
+                             "MatMulNBits accuracy_level (CPU default 4; 1 for fp32-exact results)"),
+    "kv_cache": Option(choice("auto", "emulate", "off", "native"), _has_kv,
+                       "FP8 KV cache (k_proj/v_proj.output_scale): auto|emulate|off|native"),
+    "fp8_attention": Option(choice("auto", "off"), _has_fp8_attention, "FP8 attention subgraph: auto|off"),
+    "mx_activations": Option(_choices_of(("builder.quant.mxfp4", "MX_ACTIVATION_OPTIONS")), _has_fp4,
+                             "MXFP4/NVFP4 dynamic activation quantization: emulate|skip"),
+    "fp8_linear": Option(_choices_of(("builder.quant.fp8_w8a8", "FP8_LINEAR_FORMS")),
+                         lambda plan: _has_dtype(plan, "fp8"), "FP8 W8A8 linear form (overrides the EP profile)"),
+    "fp4_linear": Option(_choices_of(("builder.quant.mxfp4", "FP4_LINEAR_METHODS")), _has_fp4,
+                         "FP4 weight form (overrides the EP profile)"),
+    "fuse_projections": Option(choice("0", "1", "true", "false", convert=lambda t: t in ("1", "true")),
+                               _has_fusable, "one matmul for q/k/v and for gate/up where the schemes agree: 1|0"),
+    "moe": Option(_choices_of(("builder.ops.moe", "MOE_FORMS")), _has_moe, "Mixtral MoE form: routed|dense"),
+    "custom_ops_library": Option(_path, None, "custom-op shared library, copied into the output folder"),
+}
+
+
+def parse_extra_options(pairs: list[str]) -> BuildOptions:
+    """`KEY=VALUE` strings -> BuildOptions; unknown keys, repeated keys and bad values are refused."""
+    options = BuildOptions()
+    seen: set[str] = set()
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep:
+            raise ConversionError("expected KEY=VALUE", field="--extra_options", value=pair)
+        if key not in OPTIONS:
+            raise ConversionError("unknown option", field="--extra_options", value=key,
+                                  accepted=", ".join(OPTIONS))
+        if key in seen:
+            raise ConversionError("option given twice", field=f"--extra_options {key}", value=text)
+        seen.add(key)
+        value = OPTIONS[key].parse(key, text)
+        if hasattr(options, key) and key != "extra":
+            setattr(options, key, value)
+        else:
+            options.extra[key] = value
+    options.given = tuple(sorted(seen))
+    return options
+
+
+def options_not_applying(plan) -> list[str]:
+    """Warnings for the keys the user gave that change nothing for this model."""
+    out = []
+    for key in getattr(plan.options, "given", ()):
+        applies = OPTIONS[key].applies
+        if applies is not None and not applies(plan):
+            out.append(f"--extra_options {key} does not apply to this model ({plan.hp.architecture}, "
+                       f"{_scheme_summary(plan)}): ignored")
+    return out
+
+
+def _scheme_summary(plan) -> str:
+    names = sorted({lp.scheme.__name__ for lp in plan.linears.values()})
+    return "/".join(names)
