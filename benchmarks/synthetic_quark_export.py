@@ -33,7 +33,7 @@ PRESETS = {  # hidden, intermediate, layers, heads, kv_heads, vocab, tied, rope_
     "llama3-1b": (2048, 8192, 16, 32, 8, 128256, True, 500000.0),     # Llama-3.2-1B: tied embeddings
     "llama3-8b": (4096, 14336, 32, 32, 8, 128256, False, 500000.0),   # Llama-3.1-8B: untied
     "llama3-70b-sliced": (8192, 28672, 4, 64, 8, 128256, False, 500000.0),  # Llama-3.1-70B, layer-sliced to 4
-    "ci-vocab128k": (256, 512, 2, 4, 2, 128256, False, 500000.0),     # tests/test_memory_budget.py
+    "ci-vocab128k": (512, 1024, 2, 8, 2, 128256, False, 500000.0),     # tests/test_memory_budget.py
 }
 SAFETENSORS_NAMES = {np.dtype(np.int32): "I32", BF16: "BF16", np.dtype(np.float32): "F32"}
 
@@ -92,9 +92,10 @@ def linear_tensors(rng, name, n_out, n_in, group):
 
 
 def write(out: Path, preset: str, group: int = 128, layers: int | None = None,
-          tokenizer_from: str | None = None) -> None:
-    hidden, inter, n_layers, heads, kv_heads, vocab, tied, theta = PRESETS[preset]
+          tokenizer_from: str | None = None, tied: bool | None = None) -> Path:
+    hidden, inter, n_layers, heads, kv_heads, vocab, preset_tied, theta = PRESETS[preset]
     n_layers = layers or n_layers
+    tied = preset_tied if tied is None else tied
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     q = copy.deepcopy(QUANT_CONFIG)
@@ -134,6 +135,7 @@ def write(out: Path, preset: str, group: int = 128, layers: int | None = None,
     if tokenizer_from:  # the onnxruntime-genai builder needs tokenizer files
         for f in Path(tokenizer_from).glob("tokenizer*"):
             shutil.copy(f, out / f.name)
+    return out
 
 
 if __name__ == "__main__":
@@ -143,5 +145,7 @@ if __name__ == "__main__":
     ap.add_argument("--group_size", type=int, default=128)
     ap.add_argument("--layers", type=int, default=None, help="override the preset's layer count (a layer slice)")
     ap.add_argument("--tokenizer_from", default=None, help="copy tokenizer* files from this folder")
+    ap.add_argument("--tied", choices=("yes", "no"), default=None, help="override the preset's tie_word_embeddings")
     a = ap.parse_args()
-    write(Path(a.out), a.preset, a.group_size, a.layers, a.tokenizer_from)
+    write(Path(a.out), a.preset, a.group_size, a.layers, a.tokenizer_from,
+          None if a.tied is None else a.tied == "yes")

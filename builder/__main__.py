@@ -21,7 +21,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--cache_dir", default=None, help="unused; accepted for onnxruntime-genai CLI parity")
     p.add_argument("--extra_options", nargs="*", default=[], metavar="KEY=VALUE",
                    help="accuracy_level=N, fp8_attention=auto|off, kv_cache=auto|emulate|native|off, "
-                        "mx_activations=emulate|skip, custom_ops_library=PATH")
+                        "mx_activations=emulate|skip, lm_head=float|int8, custom_ops_library=PATH")
     p.add_argument("--verbose", action="store_true", help="show tracebacks")
 
 

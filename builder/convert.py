@@ -19,6 +19,8 @@ from .genai_config import build_genai_config, copy_tokenizer_files, write_genai_
 from .graph import GraphBuilder
 from .ops.moe import MOE_FORMS
 from .quant import LinearPlan, scheme_for
+from .quant.float_int8 import LM_HEAD_FORMS, FloatToInt8Linear
+from .quant.float_linear import FloatLinear
 from .quant.fp8_w8a8 import FP8_LINEAR_FORMS
 from .quant.mxfp4 import FP4_LINEAR_METHODS, MX_ACTIVATION_OPTIONS
 from .quark_reader import QuarkConfig, read_model_config
@@ -85,6 +87,11 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
                                   "attention)", file=config_file, layer=name, field=f"{spec.source}.output_tensors",
                                   value=spec.output_tensors[0].short())
         scheme = scheme_for(spec, name, config_file)
+        if name == "lm_head" and options.extra.get("lm_head") == "int8":
+            if scheme is FloatLinear:
+                scheme = FloatToInt8Linear
+            else:
+                notes.append("lm_head=int8 not applied: the checkpoint's lm_head is already quantized")
         plan = LinearPlan(name=name, in_features=n_in, out_features=n_out, spec=spec, scheme=scheme,
                           has_bias=f"{name}.bias" in ckpt, node_prefix=prefix, weight_name=weight_name)
         scheme.check(plan, ckpt, ep)
@@ -98,7 +105,7 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
 # --extra_options that choose among a fixed set of forms, with the values each takes. The first two override the
 # EP profile's field of the same name.
 EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "fp4_linear": FP4_LINEAR_METHODS}
-OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS}
+OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS, "lm_head": LM_HEAD_FORMS}
 
 
 def check_options(options: BuildOptions) -> None:
