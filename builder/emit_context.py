@@ -9,12 +9,13 @@ import numpy as np
 
 from .checkpoint import Checkpoint
 from .ep_configs.base import EPConfig
-from .graph import IO_DTYPES, IO_NUMPY, GraphBuilder, cast_block
+from .graph import IO_DTYPES, IO_NUMPY, GraphBuilder, cast_block, transpose_tiled
 from .pipeline import ordered_map
 from .quark_reader import QuarkConfig
 
 
 BLOCK_BYTES = 16 << 20  # output bytes per streamed block; a few are in flight at once (builder/pipeline.py)
+TRANSPOSED_BLOCK_BYTES = 32 << 20
 
 
 def row_block(shape: tuple[int, ...], dtype, block_bytes: int = BLOCK_BYTES) -> int:
@@ -66,11 +67,12 @@ class EmitContext:
         thread writes, so memory holds a few blocks, never the tensor (a 128k-vocabulary lm_head is 4 GiB in fp32)."""
         shape, dtype = self.ckpt.shape(tensor), self.io_np
         rows = shape[0]
-        step = row_block(shape, dtype)
+        # transposed: each block becomes `shape[1]` scattered writes, so blocks are larger (fewer, longer writes)
+        step = row_block(shape, dtype, TRANSPOSED_BLOCK_BYTES if transpose else BLOCK_BYTES)
 
         def load(start: int) -> np.ndarray:
-            block = cast_block(self.ckpt.read_rows(tensor, start, start + step), dtype)
-            return np.ascontiguousarray(block.T) if transpose else block
+            block = self.ckpt.read_rows(tensor, start, start + step)
+            return cast_block(transpose_tiled(block) if transpose else block, dtype)  # transposed while narrow
 
         blocks = ordered_map(load, range(0, rows, step))
         if transpose:

@@ -8,7 +8,7 @@ words a, b and forms every byte pair at once:
     E = (a & 0x0F0F0F0F) | (b & 0x0F0F0F0F) << 4     byte j: (u[k], u[k+1]) of slot 2j
     O = (a >> 4 & 0x0F0F0F0F) | (b & 0xF0F0F0F0)     byte j: slot 2j + 1
 
-then puts the 8 slots in element order and transposes bytes to [rows, K/2]. Signed int4 becomes MatMulNBits'
+then transposes those words (4 bytes at a time) and takes each output row as one byte lane of them. Signed int4 becomes MatMulNBits'
 unsigned domain by u = q + 8, which on a nibble is q ^ 8 (so words ^ 0x88888888). Nothing is widened to int16 and
 no [N, K] matrix exists: memory is the packed source of the layer being written (K*N/2 bytes) plus a few blocks.
 Blocks are repacked by the worker threads while the main thread writes (builder/pipeline.py).
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..graph import transpose_tiled
 from ..pipeline import ordered_map
 from .int_packing import ORDER_SLOT_TO_ELEMENT, REORDER_SLOT_TO_ELEMENT, unpack_int4_words
 
@@ -29,18 +30,25 @@ def element_to_slot(pack_method: str) -> np.ndarray:
 
 
 def repack_rows(words: np.ndarray, n0: int, n1: int, pack_method: str, signed: bool) -> np.ndarray:
-    """Output rows [n0, n1) (n0 a multiple of 8) of a [K, ceil(N/8)] int32 Quark weight as uint8 [n1-n0, K/2]."""
+    """Output rows [n0, n1) (n0 a multiple of 8) of a [K, ceil(N/8)] int32 Quark weight as uint8 [n1-n0, K/2].
+
+    The pairing (E, O) runs on the source's contiguous rows; only the uint32 results are transposed (4 bytes at a
+    time), and each output row is then one byte lane of a transposed word: row 8c + e is byte j of E (slot 2j) or
+    O (slot 2j + 1) in word column c, with e the element that slot holds."""
     k = words.shape[0]
     src = words[:, n0 // 8: -(-n1 // 8)].view(np.uint32)
     if signed:
         src = src ^ np.uint32(0x88888888)
     a, b = src[0::2], src[1::2]
     low = np.uint32(0x0F0F0F0F)
-    pairs = np.empty((k // 2, src.shape[1], 8), np.uint8)   # [K/2, words, slot]
-    pairs[..., 0::2] = ((a & low) | ((b & low) << np.uint32(4))).view(np.uint8).reshape(k // 2, -1, 4)
-    pairs[..., 1::2] = (((a >> np.uint32(4)) & low) | (b & ~low)).view(np.uint8).reshape(k // 2, -1, 4)
-    rows = pairs[:, :, element_to_slot(pack_method)].reshape(k // 2, -1)   # [K/2, 8*words], element order
-    return np.ascontiguousarray(rows.T[: n1 - n0])
+    even = transpose_tiled((a & low) | ((b & low) << np.uint32(4)))      # [words, K/2]: slots 0, 2, 4, 6
+    odd = transpose_tiled(((a >> np.uint32(4)) & low) | (b & ~low))      # slots 1, 3, 5, 7
+    out = np.empty((src.shape[1], 8, k // 2), np.uint8)
+    for element, slot in enumerate(element_to_slot(pack_method)):
+        lane = even if slot % 2 == 0 else odd
+        shift = 8 * (int(slot) // 2)
+        out[:, element, :] = (lane >> np.uint32(shift)) if shift else lane  # assignment keeps the low byte
+    return out.reshape(-1, k // 2)[: n1 - n0]
 
 
 def unsigned_zero_points(zp_words: np.ndarray | None, n: int, groups: int, pack_method: str,
