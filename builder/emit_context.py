@@ -69,6 +69,8 @@ class EmitContext:
         rows = shape[0]
         # transposed: each block becomes `shape[1]` scattered writes, so blocks are larger (fewer, longer writes)
         step = row_block(shape, dtype, TRANSPOSED_BLOCK_BYTES if transpose else BLOCK_BYTES)
+        if transpose:  # at least 8 KiB per scattered write in fp32 (hidden 8192: 64 MiB blocks)
+            step = max(step, 2048)
 
         def load(start: int) -> np.ndarray:
             block = self.ckpt.read_rows(tensor, start, start + step)
