@@ -24,7 +24,8 @@ from onnx import helper, numpy_helper
 def session(node, inits, elem, k, n, threads):
     """Saved with external data and loaded from the file, so that only ORT holds the weight (peak ~2x one copy)."""
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, [1, k])],
-                          [helper.make_tensor_value_info("y", elem, [1, n])], [numpy_helper.from_array(*i) for i in inits])
+                          [helper.make_tensor_value_info("y", elem, [1, n])],
+                          [numpy_helper.from_array(*i) for i in inits])
     inits.clear()
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
     m.ir_version = 10
@@ -59,8 +60,9 @@ def main() -> int:
     x = rng.standard_normal((1, k)).astype(np.float32)
     mm = helper.make_node("MatMul", ["x", "w"], ["y"])
     for dtype, elem, label in ((np.float32, 1, "fp32 MatMul"), (np.float16, 10, "fp16 MatMul (fp16 io)")):
-        sess = session(mm, [((0.02 * rng.standard_normal((k, n), np.float32)).astype(dtype, copy=False), "w")], elem, k, n,
-                       a.threads)
+        w = (0.02 * rng.standard_normal((k, n), np.float32)).astype(dtype, copy=False)
+        sess = session(mm, [(w, "w")], elem, k, n, a.threads)
+        del w
         print(f"{label}: {ms_per_run(sess, x.astype(dtype), a.runs):.1f} ms", flush=True)
         del sess
         gc.collect()

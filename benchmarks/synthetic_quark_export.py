@@ -114,7 +114,8 @@ def write(out: Path, preset: str, group: int = 128, layers: int | None = None,
         weight_map.update({k: shard_name for k in tensors})
 
     n_shards = n_layers + 1
-    first = {"model.embed_tokens.weight": normal_bf16(rng, vocab, hidden), "model.norm.weight": eager(np.ones(hidden, BF16))}
+    first = {"model.embed_tokens.weight": normal_bf16(rng, vocab, hidden),
+             "model.norm.weight": eager(np.ones(hidden, BF16))}
     if not tied:
         first["lm_head.weight"] = normal_bf16(rng, vocab, hidden)
     save(f"model-00001-of-{n_shards:05d}.safetensors", first)

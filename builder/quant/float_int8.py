@@ -3,10 +3,11 @@
     x ──► MatMulNBits(bits=8, block_size=bs, B uint8 [V, H/bs, bs], scales [V*H/bs]) ──► logits
 
 At a 128k vocabulary the float lm_head is the biggest tensor a decode step reads (1 GiB in fp32 at hidden 2048), so on
-CPU it sets the decode speed. Each row of W [V, H] is quantized in blocks of bs along H (128, or the largest of 64/32/16 dividing H), symmetric:
-s = max|w| / 127 (rounded to the io dtype first, so the stored scale is the one used), q = round(w / s) + 128, the
-default zero point 128 left out. The rounding error is at most s/2 = max|w|/254 per weight; docs/benchmarks.md has
-the measured logit and perplexity cost. Streamed from the checkpoint in row blocks, packed by the worker threads.
+CPU it sets the decode speed. Each row of W [V, H] is quantized in blocks of bs along H (128, or the largest of
+64/32/16 dividing H), symmetric: s = max|w| / 127 (rounded to the io dtype first, so the stored scale is the one
+used), q = round(w / s) + 128, the default zero point 128 left out. The rounding error is at most s/2 = max|w|/254
+per weight; docs/benchmarks.md has the measured logit and perplexity cost. Streamed from the checkpoint in row
+blocks, packed by the worker threads.
 Not Quark's numerics: the checkpoint keeps this layer float; the default (`lm_head=float`) stays exact.
 """
 from __future__ import annotations

@@ -8,10 +8,10 @@ words a, b and forms every byte pair at once:
     E = (a & 0x0F0F0F0F) | (b & 0x0F0F0F0F) << 4     byte j: (u[k], u[k+1]) of slot 2j
     O = (a >> 4 & 0x0F0F0F0F) | (b & 0xF0F0F0F0)     byte j: slot 2j + 1
 
-then transposes those words (4 bytes at a time) and takes each output row as one byte lane of them. Signed int4 becomes MatMulNBits'
-unsigned domain by u = q + 8, which on a nibble is q ^ 8 (so words ^ 0x88888888). Nothing is widened to int16 and
-no [N, K] matrix exists: memory is the packed source of the layer being written (K*N/2 bytes) plus a few blocks.
-Blocks are repacked by the worker threads while the main thread writes (builder/pipeline.py).
+then transposes those words (4 bytes at a time) and takes each output row as one byte lane of them. Signed int4
+becomes MatMulNBits' unsigned domain by u = q + 8, which on a nibble is q ^ 8 (so words ^ 0x88888888). Nothing is
+widened to int16 and no [N, K] matrix exists: memory is the packed source of the layer being written (K*N/2 bytes)
+plus a few blocks. Blocks are repacked by the worker threads while the main thread writes (builder/pipeline.py).
 """
 from __future__ import annotations
 
