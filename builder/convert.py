@@ -90,6 +90,8 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
         if name == "lm_head" and options.extra.get("lm_head") == "int8":
             if scheme is FloatLinear:
                 scheme = FloatToInt8Linear
+                if weight_name:
+                    notes[-1] = "lm_head is tied to the float embedding: lm_head=int8 quantizes a copy of it to 8 bits"
             else:
                 notes.append("lm_head=int8 not applied: the checkpoint's lm_head is already quantized")
         plan = LinearPlan(name=name, in_features=n_in, out_features=n_out, spec=spec, scheme=scheme,

@@ -9,11 +9,15 @@ import json
 import numpy as np
 from safetensors.numpy import load_file
 
+from builder.convert import plan_model
+from builder.emit_context import BuildOptions
+from builder.quant.float_int8 import FloatToInt8Linear
 from onnx_helpers import build, decisive_prefix, genai_greedy, matmul_nbits_dequantized, op_types, prompt_logits
 from synthetic_export import write_synthetic_export
 from test_cli_errors import run_builder
 
-QUARK_EXPORTS = [("llama_h64", "uint4_g64")]  # lm_head excluded by Quark's template: float in the checkpoint
+QUARK_EXPORTS = [("llama_h64", "uint4_g64"),  # lm_head excluded by Quark's template: float in the checkpoint
+                 ("llama_h64", "lmhead_g32")]  # lm_head quantized by Quark (uint4 g32)
 # Measured on this export at accuracy_level 1: max |logit diff| vs Quark 0.0176 on logits of std 0.77 (float lm_head:
 # 1.3e-6; the CPU default accuracy_level 4 alone, float lm_head: 0.056).
 INT8_LOGIT_TOL = 0.035
@@ -52,8 +56,17 @@ def test_int8_tied_lm_head_quantizes_the_embedding(tmp_path):
                                  drop=("lm_head.weight",))
     r = run_builder("-i", src, "-o", tmp_path / "out", "--extra_options", "lm_head=int8")
     assert r.returncode == 0, r.stderr
+    assert "lm_head=int8 quantizes a copy of it" in r.stderr
     embed = checkpoint_tensor(src, "model.embed_tokens.weight")
     assert_within_half_step(matmul_nbits_dequantized(tmp_path / "out")["/lm_head"], embed, 64)
+
+
+def test_int8_leaves_a_quark_quantized_lm_head_alone(quark_exports):
+    plan, ckpt = plan_model(quark_exports("llama_h64", "lmhead_g32") / "quark", "cpu", "fp32",
+                            BuildOptions(extra={"lm_head": "int8"}))
+    ckpt.close()
+    assert plan.linears["lm_head"].scheme is not FloatToInt8Linear
+    assert any("lm_head=int8 not applied" in n for n in plan.notes)
 
 
 def test_lm_head_option_is_validated(tmp_path):
