@@ -2,15 +2,16 @@
 
 The export is benchmarks/synthetic_quark_export.py's `ci-vocab128k` (hidden 512, 2 uint4 layers, bf16 embedding and
 lm_head of 128256 x 512: 131 MB each in the file, 263 MB each as fp32 in the output). The converter runs in a
-subprocess and its own peak RSS comes from wait4 (not RUSAGE_CHILDREN, which would include every earlier child of
-the test process). Measured: 115 MiB with QO_WORKERS=0, 175-185 MiB with the worker pipeline, against 68 MiB for a
-tiny model (imports) and 681 MiB before row-block streaming. Holding one whole fp32 copy of the embedding or lm_head
+subprocess that reports its own VmHWM at exit (not RUSAGE_CHILDREN, which would include every earlier child of the
+test process, nor wait4, whose ru_maxrss includes the parent's pages the child held between fork and exec: 551 MiB
+inside the full suite). Measured: 115 MiB with QO_WORKERS=0, 175-185 MiB with the worker pipeline, against 68 MiB
+for a tiny model (imports) and 681 MiB before row-block streaming. Holding one whole fp32 copy of the embedding or lm_head
 again adds 251 MiB, which the budget below catches with headroom either way. The child also reports whether torch
 was imported: the conversion path must not import it.
 """
 from __future__ import annotations
 
-import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,19 +23,22 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from synthetic_quark_export import write  # noqa: E402
 
 BUDGET_MIB = 320
-# `python -m builder ...` that reports at exit whether torch was imported (the converter must not import it)
-BUILDER = ("import atexit, runpy, sys; "
-           "atexit.register(lambda: sys.stderr.write('torch imported: %s\\n' % ('torch' in sys.modules))); "
-           "sys.argv = ['builder'] + sys.argv[1:]; runpy.run_module('builder', run_name='__main__', alter_sys=True)")
+# `python -m builder ...` that reports at exit its own peak RSS (VmHWM: this process image only; wait4's ru_maxrss
+# would also count the test process's memory that the child shared between fork and exec) and whether torch was
+# imported (the converter must not import it).
+BUILDER = ("import atexit, re, runpy, sys\n"
+           "def report():\n"
+           "    hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
+           "    sys.stderr.write('peak VmHWM kB: %s\\ntorch imported: %s\\n' % (hwm, 'torch' in sys.modules))\n"
+           "atexit.register(report)\n"
+           "sys.argv = ['builder'] + sys.argv[1:]\n"
+           "runpy.run_module('builder', run_name='__main__', alter_sys=True)\n")
 
 
 def peak_rss_mib(cmd: list[str]) -> tuple[int, float, str]:
-    with open(os.devnull, "wb") as devnull, subprocess.Popen(cmd, cwd=REPO, stdout=devnull,
-                                                             stderr=subprocess.PIPE) as proc:
-        err = proc.stderr.read().decode(errors="replace")
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, usage.ru_maxrss / 1024, err
+    r = subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    hwm = re.search(r"peak VmHWM kB: (\d+)", r.stderr)
+    return r.returncode, int(hwm.group(1)) / 1024 if hwm else float("inf"), r.stderr
 
 
 @pytest.fixture(scope="module")
