@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +61,7 @@ class Checkpoint:
         self.model_dir = Path(model_dir)
         self._entries: dict[str, TensorEntry] = {}
         self._fds: dict[Path, int] = {}
+        self._fd_lock = threading.Lock()  # row blocks are read from worker threads (builder/pipeline.py)
         try:
             for file in self._shard_files():
                 self._read_header(file)
@@ -174,16 +176,25 @@ class Checkpoint:
     def get(self, name: str) -> np.ndarray:
         """A fresh numpy array of one tensor, read with pread: memory is held only while the caller keeps it
         (a memory map would leave every touched page resident and count towards the process's RSS)."""
+        return self.read_rows(name, 0, None)
+
+    def read_rows(self, name: str, start: int, stop: int | None) -> np.ndarray:
+        """Rows [start, stop) of a tensor's first axis (stop None: to the end), read with one pread into a fresh
+        array: the embedding and lm_head are streamed in row blocks this way, never read whole."""
         e = self.entry(name)
-        fd = self._fds.get(e.file)
-        if fd is None:  # after close(): reopened with the same checks
-            fd = self._fds[e.file] = open_input(e.file, self.model_dir)
+        with self._fd_lock:
+            fd = self._fds.get(e.file)
+            if fd is None:  # after close(): reopened with the same checks
+                fd = self._fds[e.file] = open_input(e.file, self.model_dir)
         dtype = SAFETENSORS_DTYPES[e.dtype]
-        out = np.empty(e.shape, dtype=dtype)
+        rows = e.shape[0] if e.shape else 1
+        stop = rows if stop is None else min(stop, rows)
+        row_bytes = (e.end - e.begin) // max(1, rows)
+        out = np.empty((stop - start, *e.shape[1:]) if e.shape else (), dtype=dtype)
         view = memoryview(out.reshape(-1).view(np.uint8))
-        done, size = 0, e.end - e.begin
+        begin, size, done = e.begin + start * row_bytes, (stop - start) * row_bytes if e.shape else e.end - e.begin, 0
         while done < size:
-            n = os.preadv(fd, [view[done:]], e.begin + done)
+            n = os.preadv(fd, [view[done:]], begin + done)
             if n <= 0:
                 raise ConversionError("unexpected end of file while reading a tensor", file=e.file, layer=name)
             done += n

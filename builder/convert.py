@@ -26,6 +26,8 @@ from .output_dir import (make_temp, remove_tree, resolve_output, signals_raise, 
                          write_marker)
 from .ops.moe import MOE_FORMS
 from .quant import LinearPlan, scheme_for
+from .quant.float_int8 import LM_HEAD_FORMS, FloatToInt8Linear
+from .quant.float_linear import FloatLinear
 from .quant.fp8_w8a8 import FP8_LINEAR_FORMS
 from .quant.mxfp4 import FP4_LINEAR_METHODS, MX_ACTIVATION_OPTIONS
 from .quark_reader import QuarkConfig, read_model_config
@@ -110,6 +112,13 @@ def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, 
                                   "attention)", file=config_file, layer=name, field=f"{spec.source}.output_tensors",
                                   value=spec.output_tensors[0].short())
         scheme = scheme_for(spec, name, config_file)
+        if name == "lm_head" and options.extra.get("lm_head") == "int8":
+            if scheme is FloatLinear:
+                scheme = FloatToInt8Linear
+                if weight_name:
+                    notes[-1] = "lm_head is tied to the float embedding: lm_head=int8 quantizes a copy of it to 8 bits"
+            else:
+                notes.append("lm_head=int8 not applied: the checkpoint's lm_head is already quantized")
         plan = LinearPlan(name=name, in_features=n_in, out_features=n_out, spec=spec, scheme=scheme,
                           has_bias=f"{name}.bias" in ckpt, node_prefix=prefix, weight_name=weight_name)
         scheme.check(plan, ckpt, ep)
@@ -167,7 +176,7 @@ def read_generation_config(source: Path) -> dict:
 # --extra_options that choose among a fixed set of forms, with the values each takes. The first two override the
 # EP profile's field of the same name.
 EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "fp4_linear": FP4_LINEAR_METHODS}
-OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS}
+OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS, "lm_head": LM_HEAD_FORMS}
 
 
 def check_options(options: BuildOptions) -> None:

@@ -2,15 +2,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from .checkpoint import Checkpoint
 from .ep_configs.base import EPConfig
-from .graph import IO_DTYPES, IO_NUMPY, GraphBuilder
+from .graph import IO_DTYPES, IO_NUMPY, GraphBuilder, cast_block, transpose_tiled
+from .pipeline import ordered_map
 from .quark_reader import QuarkConfig
+
+
+BLOCK_BYTES = 16 << 20  # output bytes per streamed block; a few are in flight at once (builder/pipeline.py)
+TRANSPOSED_BLOCK_BYTES = 32 << 20
+
+
+def row_block(shape: tuple[int, ...], dtype, block_bytes: int = BLOCK_BYTES) -> int:
+    """Rows of a [rows, ...] tensor per streamed block of about `block_bytes` in `dtype`."""
+    row = int(np.prod(shape[1:], dtype=np.int64)) * max(4, np.dtype(dtype).itemsize)  # fp32 staging of a cast
+    return max(1, block_bytes // max(1, row))
 
 
 @dataclass
@@ -52,11 +63,24 @@ class EmitContext:
         return np.asarray(raw, dtype=np.float32).astype(self.io_np, copy=False)
 
     def float_initializer(self, init_name: str, tensor: str, transpose: bool = False) -> str:
-        """A float checkpoint tensor as an initializer in the io dtype, converted chunk by chunk."""
-        raw = self.ckpt.get(tensor)
+        """A float checkpoint tensor as an initializer in the io dtype (transposed: [in, out] from [out, in]),
+        streamed from the file in row blocks: read, cast (and transposed) by the worker threads while the main
+        thread writes, so memory holds a few blocks, never the tensor (a 128k-vocabulary lm_head is 4 GiB in fp32)."""
+        shape, dtype = self.ckpt.shape(tensor), self.io_np
+        rows = shape[0]
+        # transposed: each block becomes `shape[1]` scattered writes, so blocks are larger (fewer, longer writes)
+        step = row_block(shape, dtype, TRANSPOSED_BLOCK_BYTES if transpose else BLOCK_BYTES)
+        if transpose:  # at least 8 KiB per scattered write in fp32 (hidden 8192: 64 MiB blocks)
+            step = max(step, 2048)
+
+        def load(start: int) -> np.ndarray:
+            block = self.ckpt.read_rows(tensor, start, start + step)
+            return cast_block(transpose_tiled(block) if transpose else block, dtype)  # transposed while narrow
+
+        blocks = ordered_map(load, range(0, rows, step))
         if transpose:
-            return self.graph.initializer_transposed(init_name, raw, cast_to=self.io_np)
-        return self.graph.initializer(init_name, raw, cast_to=self.io_np)
+            return self.graph.stream_columns(init_name, dtype, (shape[1], rows), blocks)
+        return self.graph.stream(init_name, dtype, shape, blocks)
 
     @property
     def source(self) -> Path:

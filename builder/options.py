@@ -80,6 +80,11 @@ def _has_moe(plan) -> bool:
     return hasattr(plan.hp, "num_experts")
 
 
+def _has_float_lm_head(plan) -> bool:
+    lm_head = plan.linears.get("lm_head")
+    return lm_head is not None and lm_head.spec is None
+
+
 def _has_fusable(plan) -> bool:
     return any(n.endswith(("q_proj", "gate_proj")) for n in plan.linears)
 
@@ -99,6 +104,8 @@ OPTIONS: dict[str, Option] = {
     "fuse_projections": Option(choice("0", "1", "true", "false", convert=lambda t: t in ("1", "true")),
                                _has_fusable, "one matmul for q/k/v and for gate/up where the schemes agree: 1|0"),
     "moe": Option(_choices_of(("builder.ops.moe", "MOE_FORMS")), _has_moe, "Mixtral MoE form: routed|dense"),
+    "lm_head": Option(_choices_of(("builder.quant.float_int8", "LM_HEAD_FORMS")), _has_float_lm_head,
+                      "float lm_head storage: float (exact) | int8 (8-bit MatMulNBits, not exact)"),
     "custom_ops_library": Option(_path, None, "custom-op shared library, copied into the output folder"),
 }
 

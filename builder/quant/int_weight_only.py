@@ -14,8 +14,9 @@ import numpy as np
 
 from ..errors import ConversionError
 from ..ops.matmul_nbits import block_size_for, emit_matmul_nbits
+from . import int4_repack
 from .base import LinearPlan, Scheme
-from .int_packing import unpack_int4_words
+from .int_packing import pack_uint_lowfirst, unpack_int4_words
 
 BITS = {"int4": 4, "uint4": 4, "int8": 8, "uint8": 8}
 SIGNED = {"int4": True, "uint4": False, "int8": True, "uint8": False}
@@ -194,7 +195,53 @@ class IntWeightOnly(Scheme):
         return (cls.name, w.dtype, cls._group_size(plan), plan.in_features)
 
     @classmethod
+    def _streamable(cls, ctx, plan: LinearPlan) -> bool:
+        """Real-quantized 4-bit per-group weights are repacked block by block on the packed bits (int4_repack.py);
+        other layouts (8-bit, per-channel, fake_quantized) are decoded whole."""
+        w = plan.spec.weight[0]
+        if BITS[w.dtype] != 4 or w.qscheme != "per_group" or 4 not in ctx.ep.matmul_nbits_bits:
+            return False
+        if _is_fake(ctx.ckpt, plan.name) or ctx.ckpt.dtype(f"{plan.name}.weight") != "I32":
+            return False
+        k = plan.in_features
+        return k % 2 == 0 and k % block_size_for(cls._group_size(plan), k, plan.name) == 0
+
+    @classmethod
+    def _emit_streamed(cls, ctx, plans: list[LinearPlan], name: str, node_name: str, x: str) -> str:
+        """MatMulNBits for one or more (fused along N) 4-bit per-group linears, B streamed in row blocks; the same
+        bytes emit_matmul_nbits writes from the decoded matrix."""
+        first, pm = plans[0], ctx.quant.export.pack_method
+        w = first.spec.weight[0]
+        signed, k, g = SIGNED[w.dtype], first.in_features, cls._group_size(first)
+        bs = block_size_for(g, k, first.name)
+        groups, k_blocks = k // g, k // bs
+        rep = g // bs if g != k else k_blocks
+        b = int4_repack.stream_b(ctx, name, [(f"{p.name}.weight", p.out_features) for p in plans], k, bs, pm, signed)
+        scales, zps = [], []
+        for p in plans:
+            scale = ctx.ckpt.get_scale(f"{p.name}.weight_scale").T.reshape(p.out_features, groups)
+            _check_finite(ctx.ckpt, f"{p.name}.weight_scale", scale)
+            scales.append(scale)
+            zp_name = f"{p.name}.weight_zero_point"
+            zps.append(int4_repack.unsigned_zero_points(ctx.ckpt.get(zp_name) if zp_name in ctx.ckpt else None,
+                                                        p.out_features, groups, pm, signed))
+        scale, zp = np.concatenate(scales), np.concatenate(zps)
+        gb = ctx.graph
+        scale_b = np.repeat(scale, rep, axis=1)[:, :k_blocks]
+        inputs = [x, b, gb.initializer(f"{name}.MatMulNBits.scales", scale_b.astype(ctx.io_np).reshape(-1))]
+        if np.any(zp != 8):
+            zp_b = np.repeat(zp, rep, axis=1)[:, :k_blocks]
+            inputs.append(gb.initializer(f"{name}.MatMulNBits.zero_points", pack_uint_lowfirst(zp_b, 4).reshape(-1)))
+        acc = ctx.options.accuracy_level
+        if acc is None:
+            acc = ctx.ep.default_accuracy_level(4)
+        return gb.op("MatMulNBits", inputs, node_name, domain="com.microsoft", K=k, N=len(zp), bits=4,
+                     block_size=bs, accuracy_level=acc)
+
+    @classmethod
     def emit_fused(cls, ctx, plans: list[LinearPlan], x: str, fused_name: str, fused_prefix: str) -> str:
+        if all(cls._streamable(ctx, p) for p in plans):
+            return cls._emit_streamed(ctx, plans, fused_name, f"{fused_prefix}/MatMulNBits", x)
         parts = [cls.load(p, ctx.ckpt, ctx.quant.export.pack_method) for p in plans]
         first = parts[0]
         fused = IntWeight(np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts]),
@@ -213,6 +260,8 @@ class IntWeightOnly(Scheme):
 
     @classmethod
     def emit(cls, ctx, plan: LinearPlan, x: str) -> str:
+        if cls._streamable(ctx, plan):
+            return cls._emit_streamed(ctx, [plan], plan.name, f"{plan.node_prefix}/MatMulNBits", x)
         iw = cls.load(plan, ctx.ckpt, ctx.quant.export.pack_method)
         if iw.bits not in ctx.ep.matmul_nbits_bits:
             return _emit_dequantize_matmul(ctx, plan, x, iw)
