@@ -42,7 +42,18 @@ ARCH_CLASSES = {
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),  # key = Quark's LLMTemplate name
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
 }
+# Qwen MoE settings (not TinyModelSpec fields: those would re-key every cache); per-shape variations go through
+# TinyModelSpec.config_overrides. 8 experts top-2, expert width 64 (the dense MLP layers keep `intermediate`).
+QWEN_MOE_KWARGS = {
+    "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+                      use_sliding_window=False),
+    "qwen2_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=False,
+                      shared_expert_intermediate_size=96, use_sliding_window=False),
+}
+MOE_ARCHS = ("mixtral", "qwen3_moe", "qwen2_moe")  # Quark's preprocess_for_quantization splits their experts
 # Gemma settings that make every difference from Llama visible in a 2-layer, 8-token model: sliding window 4 on
 # layer 0 only, attention scale 24**-0.5 != head_dim**-0.5, softcaps small enough to bend the logits (Gemma2),
 # a local rope theta and a linearly scaled global rope (Gemma3). Norm weights are randomized (HF inits them to 0,
@@ -75,6 +86,13 @@ class TinyModelSpec:
     max_position_embeddings: int = 256
     rope_theta: float = 10000.0
     init_std: float = 0.1  # larger than HF's 0.02 so that greedy top-2 logit margins are not tiny
+    # ((config field, value), ...) set on the HF config last (lists as tuples); left out of the cache key when empty
+    config_overrides: tuple = ()
+
+    def __post_init__(self):  # from JSON (the factory subprocess): lists back to hashable tuples
+        def frozen(v):
+            return tuple(frozen(x) for x in v) if isinstance(v, (list, tuple)) else v
+        object.__setattr__(self, "config_overrides", tuple((k, frozen(v)) for k, v in self.config_overrides))
 
     def hf_config(self):
         import transformers
@@ -99,7 +117,7 @@ class TinyModelSpec:
         )
         if self.head_dim is not None:
             kwargs["head_dim"] = self.head_dim
-        if self.arch in ("llama", "qwen3"):
+        if self.arch in ("llama", "qwen3", "qwen3_moe"):
             kwargs["attention_bias"] = self.attention_bias
         elif self.attention_bias:
             raise ValueError(f"attention_bias applies to llama and qwen3 only (arch={self.arch!r})")
@@ -111,6 +129,9 @@ class TinyModelSpec:
             kwargs["use_sliding_window"] = False
         if self.arch in GEMMA_KWARGS:
             kwargs.update(GEMMA_KWARGS[self.arch])
+        if self.arch in QWEN_MOE_KWARGS:
+            kwargs.update(QWEN_MOE_KWARGS[self.arch])
+        kwargs.update({k: list(v) if isinstance(v, tuple) else v for k, v in self.config_overrides})
         if self.arch == "gemma3_text":
             kwargs["rope_parameters"] = {
                 "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": self.rope_theta},
@@ -206,6 +227,8 @@ RECIPES: dict[str, QuantRecipe] = {
         _r("fp8_w8a8_kv_attn", "fp8", kv_cache_scheme="fp8", attention_scheme="fp8"),
         _r("ptpc_fp8", "ptpc_fp8"),
         _r("mxfp4", "mxfp4"),
+        # MoE: expert 3 of every sparse layer left float (routed QMoE then does not apply: dense form)
+        _r("uint4_g32_expert3_excluded", "uint4_wo_32", exclude=("lm_head", "*.gate", "*mlp.experts.3.*")),
         _r("nvfp4", "nvfp4"),
     ]
 }
@@ -234,6 +257,15 @@ SHAPES: dict[str, TinyModelSpec] = {
     "gemma3": TinyModelSpec(arch="gemma3_text", head_dim=16),
     # sparse MoE, 4 experts top-2; Quark quantizes the per-expert linears that preprocess_for_quantization makes
     "mixtral": TinyModelSpec(arch="mixtral", intermediate=64),
+    # 8 experts top-2 (width 64), per-head q/k norms, head_dim 32; 3 layers: layer 1 a dense MLP (width 128)
+    # through mlp_only_layers; renormalized top-k (norm_topk_prob true)
+    "qwen3_moe": TinyModelSpec(arch="qwen3_moe", head_dim=32, layers=3, config_overrides=(("mlp_only_layers", (1,)),)),
+    # raw top-k softmax weights (norm_topk_prob false) and the dense layer from decoder_sparse_step 2 (layers 0, 2
+    # dense, layer 1 sparse)
+    "qwen3_moe_raw": TinyModelSpec(arch="qwen3_moe", head_dim=32, layers=3, seed=1, config_overrides=(
+        ("norm_topk_prob", False), ("decoder_sparse_step", 2))),
+    # Qwen2-MoE: q/k/v bias, no q/k norms, a shared expert (width 96) weighted by sigmoid(shared_expert_gate)
+    "qwen2_moe": TinyModelSpec(arch="qwen2_moe", layers=2),
 }
 
 
@@ -253,8 +285,11 @@ def combo_problem(spec: TinyModelSpec, recipe: QuantRecipe) -> str | None:
 # ----------------------------------------------------------------------------------------------- cache
 
 def cache_key(spec: TinyModelSpec, recipe: QuantRecipe, prompt_len: int = 8, new_tokens: int = 16) -> str:
+    spec_d = dataclasses.asdict(spec)
+    if not spec_d["config_overrides"]:  # keys of the specs made before the field existed stay as they were
+        del spec_d["config_overrides"]
     blob = json.dumps(
-        dict(spec=dataclasses.asdict(spec), recipe=dataclasses.asdict(recipe), version=FACTORY_VERSION,
+        dict(spec=spec_d, recipe=dataclasses.asdict(recipe), version=FACTORY_VERSION,
              prompt_len=prompt_len, new_tokens=new_tokens),
         sort_keys=True,
     )
@@ -399,7 +434,7 @@ def _new_model(spec: TinyModelSpec, torch_dtype, tie: bool | None = None):
 def _split_experts(model, spec: TinyModelSpec):
     """MoE models: Quark's own preprocess (what its LLM PTQ flow runs) turns transformers 5's fused 3-D expert
     parameters into one nn.Linear per expert and projection, the modules it quantizes and exports."""
-    if spec.arch == "mixtral":
+    if spec.arch in MOE_ARCHS:
         from quark.torch.utils.llm.model_preparation import preprocess_for_quantization
         preprocess_for_quantization(model)
     return model

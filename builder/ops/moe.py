@@ -6,7 +6,7 @@ renormalized top-k probabilities (zero for the experts not picked) weight the su
       ─► down_proj_e ─► y_e ;   out = Σ_e  y_e · w[..., e]
 
 As transformers' MixtralSparseMoeBlock at inference: softmax over the router logits in fp32, top-k, renormalize to
-sum 1. Exact (a non-selected expert gets weight 0 exactly), and made only of ops every EP runs; the price is that
+sum 1 (normalize=False, Qwen3-MoE's norm_topk_prob false: the top-k softmax probabilities as they are). Exact (a non-selected expert gets weight 0 exactly), and made only of ops every EP runs; the price is that
 all E experts are computed (E/k times the expert FLOPs of a routed kernel), fine for small models and correctness.
 
 Routed form (routed_moe, the default where routed_block_size() accepts the experts): one com.microsoft QMoE per layer, which
@@ -14,7 +14,7 @@ computes only the k chosen experts per token. Used on the CPU EP when every expe
 (int4/uint4, per_group or per_channel) with one dtype and one MatMulNBits block size that divides hidden and
 intermediate sizes; otherwise (other EPs, 8-bit, float or mixed experts, or --extra_options moe=dense) dense_moe.
 QMoE on onnxruntime 1.32 CPU, as emitted: activation_type="swiglu", swiglu_fusion=1 (fc1 rows interleaved
-g0,u0,g1,u1...; 0 and 2 are refused on CPU), activation_alpha=1, activation_beta=0, normalize_routing_weights=1,
+g0,u0,g1,u1...; 0 and 2 are refused on CPU), activation_alpha=1, activation_beta=0, normalize_routing_weights=1 (0 with normalize=False),
 router_probs = the raw router logits [tokens, E] (softmax, top-k and renormalization happen inside),
 expert_weight_bits=4, weights_prepacked=0, block_size=bs: weights uint8 [E, N, K/2], scales [E, N, K/bs], packed
 zero points [E, N, ceil(K/bs/2)] in MatMulNBits' per-row layout (signed int4 shifted to unsigned, zero point 8,
@@ -36,9 +36,10 @@ ROUTED_EPS = ("cpu",)
 ROUTED_BITS = (4,)
 
 
-def router_weights(ctx, x: str, router_weight: str, top_k: int, name: str, prefix: str) -> str:
-    """x [B,S,H] -> dense routing weights [B,S,E] in the io dtype (renormalized top-k softmax, zeros elsewhere).
-    name: the MoE block's module name, prefix of the constants made here."""
+def router_weights(ctx, x: str, router_weight: str, top_k: int, name: str, prefix: str,
+                   normalize: bool = True) -> str:
+    """x [B,S,H] -> dense routing weights [B,S,E] in the io dtype (top-k softmax, renormalized to sum 1 when
+    `normalize`, zeros elsewhere). name: the MoE block's module name, prefix of the constants made here."""
     g = ctx.graph
     w_t = ctx.float_initializer(f"{router_weight}.T", router_weight, transpose=True)
     logits = g.op("MatMul", [x, w_t], f"{prefix}/gate/MatMul")
@@ -48,9 +49,11 @@ def router_weights(ctx, x: str, router_weight: str, top_k: int, name: str, prefi
     k = g.const_i64(f"{name}.router.top_k", [top_k])
     top_vals, top_idx = g.node("TopK", [probs, k], f"{prefix}/router/TopK", outputs=2, axis=-1, largest=1,
                                sorted=1)
-    axes = g.const_i64(f"{name}.router.reduce_axes", [-1])
-    total = g.op("ReduceSum", [top_vals, axes], f"{prefix}/router/ReduceSum", keepdims=1)
-    norm = g.op("Div", [top_vals, total], f"{prefix}/router/Div")
+    norm = top_vals
+    if normalize:
+        axes = g.const_i64(f"{name}.router.reduce_axes", [-1])
+        total = g.op("ReduceSum", [top_vals, axes], f"{prefix}/router/ReduceSum", keepdims=1)
+        norm = g.op("Div", [top_vals, total], f"{prefix}/router/Div")
     zeros = g.op("Mul", [probs, g.scalar(f"{name}.router.zero", 0.0, "float32")], f"{prefix}/router/Zeros")
     dense = g.op("ScatterElements", [zeros, top_idx, norm], f"{prefix}/router/ScatterElements", axis=-1)
     if ctx.io_type != TensorProto.FLOAT:
@@ -59,11 +62,11 @@ def router_weights(ctx, x: str, router_weight: str, top_k: int, name: str, prefi
 
 
 def dense_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int, name: str,
-              prefix: str) -> str:
+              prefix: str, normalize: bool = True) -> str:
     """x [B,S,H] -> [B,S,H]. experts: [(gate_plan, up_plan, down_plan), ...] in expert order; name: the block's
     module name (model.layers.0.mlp), prefix: its ONNX node prefix."""
     g = ctx.graph
-    weights = router_weights(ctx, x, router_weight, top_k, name, prefix)
+    weights = router_weights(ctx, x, router_weight, top_k, name, prefix, normalize)
     # every expert's gate and up in one matmul (their Split sizes stay inline: GraphBuilder.const_i64)
     gate_up = emit_linears(ctx, [p for gate, up, _ in experts for p in (gate, up)], x,
                            f"{name}.experts.gate_up_proj", f"{prefix}/experts/gate_up_proj")
@@ -116,7 +119,7 @@ def _stack_expert(iws, bs: int):
 
 
 def routed_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int, name: str, prefix: str,
-               bs: int) -> str:
+               bs: int, normalize: bool = True) -> str:
     """One QMoE node for the block (see the module docstring); bs from routed_block_size()."""
     g = ctx.graph
     pack = ctx.quant.export.pack_method
@@ -148,7 +151,7 @@ def routed_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int
     if acc is None:
         acc = ctx.ep.default_accuracy_level(4)
     return g.op("QMoE", inputs, f"{prefix}/QMoE", domain="com.microsoft", k=top_k, activation_type="swiglu",
-                swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0, normalize_routing_weights=1,
+                swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0, normalize_routing_weights=int(normalize),
                 use_sparse_mixer=0, expert_weight_bits=4, block_size=bs, weights_prepacked=0,
                 accuracy_level=acc)
 
@@ -162,9 +165,11 @@ def _router_logits(ctx, x: str, router_weight: str, num_experts: int, name: str,
     return g.op("Reshape", [logits, shape], f"{prefix}/gate/Reshape")
 
 
-def emit_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int, name: str, prefix: str) -> str:
-    """The MoE block in the form chosen by --extra_options moe (routed where routed_block_size() allows)."""
+def emit_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int, name: str, prefix: str,
+             normalize: bool = True) -> str:
+    """The MoE block in the form chosen by --extra_options moe (routed where routed_block_size() allows).
+    normalize: renormalize the top-k router probabilities to sum 1 (Mixtral; Qwen-MoE's norm_topk_prob)."""
     bs = routed_block_size(ctx, experts)
     if bs is None:
-        return dense_moe(ctx, x, router_weight, experts, top_k, name, prefix)
-    return routed_moe(ctx, x, router_weight, experts, top_k, name, prefix, bs)
+        return dense_moe(ctx, x, router_weight, experts, top_k, name, prefix, normalize)
+    return routed_moe(ctx, x, router_weight, experts, top_k, name, prefix, bs, normalize)
