@@ -44,6 +44,7 @@ ARCH_CLASSES = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
 }
 # Qwen MoE settings (not TinyModelSpec fields: those would re-key every cache); per-shape variations go through
 # TinyModelSpec.config_overrides. 8 experts top-2, expert width 64 (the dense MLP layers keep `intermediate`).
@@ -53,7 +54,11 @@ QWEN_MOE_KWARGS = {
     "qwen2_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=False,
                       shared_expert_intermediate_size=96, use_sliding_window=False),
 }
-MOE_ARCHS = ("mixtral", "qwen3_moe", "qwen2_moe")  # Quark's preprocess_for_quantization splits their experts
+# gpt-oss: 4 experts top-2, sliding window 4 on layer 0 only, q/k/v/o biases, a swiglu_limit small enough (1.0) that
+# the clamps act on these activations; _new_model randomizes the sinks and every bias (HF inits them to 0 / 0.1)
+GPT_OSS_KWARGS = dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=4, swiglu_limit=1.0,
+                      layer_types=["sliding_attention", "full_attention"], attention_bias=True)
+MOE_ARCHS = ("mixtral", "qwen3_moe", "qwen2_moe", "gpt_oss")  # Quark's preprocess_for_quantization splits their experts
 # Gemma settings that make every difference from Llama visible in a 2-layer, 8-token model: sliding window 4 on
 # layer 0 only, attention scale 24**-0.5 != head_dim**-0.5, softcaps small enough to bend the logits (Gemma2),
 # a local rope theta and a linearly scaled global rope (Gemma3). Norm weights are randomized (HF inits them to 0,
@@ -131,6 +136,8 @@ class TinyModelSpec:
             kwargs.update(GEMMA_KWARGS[self.arch])
         if self.arch in QWEN_MOE_KWARGS:
             kwargs.update(QWEN_MOE_KWARGS[self.arch])
+        if self.arch == "gpt_oss":
+            kwargs.update(GPT_OSS_KWARGS)
         kwargs.update({k: list(v) if isinstance(v, tuple) else v for k, v in self.config_overrides})
         if self.arch == "gemma3_text":
             kwargs["rope_parameters"] = {
@@ -262,10 +269,13 @@ SHAPES: dict[str, TinyModelSpec] = {
     "qwen3_moe": TinyModelSpec(arch="qwen3_moe", head_dim=32, layers=3, config_overrides=(("mlp_only_layers", (1,)),)),
     # raw top-k softmax weights (norm_topk_prob false) and the dense layer from decoder_sparse_step 2 (layers 0, 2
     # dense, layer 1 sparse)
-    "qwen3_moe_raw": TinyModelSpec(arch="qwen3_moe", head_dim=32, layers=3, seed=1, config_overrides=(
+    "qwen3_moe_raw": TinyModelSpec(arch="qwen3_moe", head_dim=32, layers=3, seed=2, config_overrides=(
         ("norm_topk_prob", False), ("decoder_sparse_step", 2))),
     # Qwen2-MoE: q/k/v bias, no q/k norms, a shared expert (width 96) weighted by sigmoid(shared_expert_gate)
-    "qwen2_moe": TinyModelSpec(arch="qwen2_moe", layers=2),
+    "qwen2_moe": TinyModelSpec(arch="qwen2_moe", layers=2, seed=1),
+    # gpt-oss: attention sinks, alternating sliding/full attention, biases everywhere, clamped SwiGLU experts
+    # (fused interleaved gate_up_proj per expert, as Quark's QuarkGptOssExperts makes them), router with bias
+    "gpt_oss": TinyModelSpec(arch="gpt_oss", intermediate=64, head_dim=16),
 }
 
 
@@ -427,6 +437,14 @@ def _new_model(spec: TinyModelSpec, torch_dtype, tie: bool | None = None):
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith("norm.weight"):
+                    p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    if spec.arch == "gpt_oss":  # sinks of a visible size, and non-zero expert/router/attention biases
+        gen = torch.Generator().manual_seed(spec.seed + 100)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("sinks"):
+                    p.copy_(torch.randn(p.shape, generator=gen))
+                elif name.endswith("bias"):
                     p.copy_(0.3 * torch.randn(p.shape, generator=gen))
     return model.to(torch_dtype).eval().requires_grad_(False)
 

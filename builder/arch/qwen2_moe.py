@@ -9,10 +9,12 @@ from . import llama, qwen3_moe
 from .base import DecoderHyper
 
 MODEL_TYPES = {"Qwen2MoeForCausalLM": "qwen2"}
+MOE_FAMILY = True  # tests/test_architecture_coverage.py: tested end to end with 4-bit and MXFP4 experts
 
 default_attention = llama.default_attention
 linear_layers = qwen3_moe.linear_layers
 build_graph = qwen3_moe.build_graph
+check_plans = qwen3_moe.check_plans
 
 
 def refine_hyper(cfg: dict, hp: DecoderHyper, config_file: str) -> qwen3_moe.QwenMoEHyper:

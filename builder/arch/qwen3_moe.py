@@ -31,12 +31,13 @@ from dataclasses import dataclass, fields
 from ..errors import ConversionError
 from ..ops.linear import emit_linear
 from ..ops.mlp import silu_mlp
-from ..ops.moe import emit_moe
+from ..ops.moe import check_expert_plans, emit_moe
 from . import llama, qwen3
 from .base import DecoderHyper
 
 # genai_config model.type: onnxruntime-genai runs the graph as its plain decoder of that type
 MODEL_TYPES = {"Qwen3MoeForCausalLM": "qwen3"}
+MOE_FAMILY = True  # tests/test_architecture_coverage.py: tested end to end with 4-bit and MXFP4 experts
 MLP_PROJ = ("gate_proj", "up_proj", "down_proj")
 ROUTER = "gate.weight"                 # under model.layers.{i}.mlp
 EXPERT = "experts.{e}.{proj}"          # under model.layers.{i}.mlp
@@ -130,6 +131,12 @@ def linear_layers(hp: QwenMoEHyper) -> list[tuple[str, int, int, str]]:
                         f"/model/layers.{i}/moe/shared_expert_gate"))
     out.append(("lm_head", hp.hidden_size, hp.vocab_size, "/lm_head"))
     return out
+
+
+def check_plans(hp: QwenMoEHyper, plans: dict, config_file: str) -> None:
+    names = [n for i in range(hp.num_layers) if hp.sparse_layers[i]
+             for e in range(hp.num_experts) for n in hp.expert_linears(i, e)]
+    check_expert_plans(plans, names, config_file)
 
 
 def moe_float_tensors(hp: QwenMoEHyper) -> list[tuple[str, tuple[int, ...]]]:

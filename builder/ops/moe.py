@@ -14,8 +14,10 @@ computes only the k chosen experts per token. Used on the CPU EP when every expe
 (int4/uint4, per_group or per_channel) with one dtype and one MatMulNBits block size that divides hidden and
 intermediate sizes; otherwise (other EPs, 8-bit, float or mixed experts, or --extra_options moe=dense) dense_moe.
 QMoE on onnxruntime 1.32 CPU, as emitted: activation_type="swiglu", swiglu_fusion=1 (fc1 rows interleaved
-g0,u0,g1,u1...; 0 and 2 are refused on CPU), activation_alpha=1, activation_beta=0, normalize_routing_weights=1 (0 with normalize=False),
-router_probs = the raw router logits [tokens, E] (softmax, top-k and renormalization happen inside),
+g0,u0,g1,u1...; 0 and 2 are refused on CPU), activation_alpha=1, activation_beta=0, normalize_routing_weights=1,
+router_probs = the raw router logits [tokens, E] (softmax, top-k and renormalization happen inside; the CPU
+kernel renormalizes even with normalize_routing_weights=0, so normalize=False (Qwen's norm_topk_prob false) passes
+router_weights = softmax(logits) [tokens, E], input 14, whose values at the chosen experts are the mixing weights),
 expert_weight_bits=4, weights_prepacked=0, block_size=bs: weights uint8 [E, N, K/2], scales [E, N, K/bs], packed
 zero points [E, N, ceil(K/bs/2)] in MatMulNBits' per-row layout (signed int4 shifted to unsigned, zero point 8,
 which is also QMoE's default when no zero points are given). Not routed: 8-bit experts (QMoE's CPU 8-bit kernel
@@ -29,6 +31,7 @@ from onnx import TensorProto
 
 from ..quant.int_packing import pack_uint_lowfirst
 from ..quant.int_weight_only import BITS, IntWeightOnly
+from ..errors import ConversionError
 from .linear import emit_linear, emit_linears
 
 MOE_FORMS = ("routed", "dense")  # --extra_options moe=...; routed falls back to dense where it does not apply
@@ -81,6 +84,23 @@ def dense_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int,
                              g.const_i64(f"{n}.axes", [-1])], f"{p}/RoutingWeight")
         outs.append(g.op("Mul", [y, w_e], f"{p}/Weighted"))
     return outs[0] if len(outs) == 1 else g.op("Sum", outs, f"{prefix}/experts/Sum")
+
+
+def check_expert_plans(plans: dict, expert_names: list[str], config_file: str) -> None:
+    """Refuse, before anything is written, the expert quantizations whose Quark numerics the graph cannot follow.
+
+    Dynamic per_channel activations with ch_axis 1 (the PTPC "per token" spec): Quark's expert forward
+    (QuarkExperts, transformers 5) feeds each expert the 2-D [routed tokens, hidden] rows, where axis 1 is the hidden
+    channel, so the "per-token" scale becomes a per-channel amax over the tokens routed to that expert (it depends on
+    the batch and the routing). On the 3-D attention inputs the same spec is per token, as elsewhere."""
+    for name in expert_names:
+        spec = plans[name].spec
+        for t in (spec.input_tensors if spec is not None else ()):
+            if t.is_dynamic and t.qscheme == "per_channel":
+                raise ConversionError("dynamic per-channel (PTPC) activations on MoE experts are not supported: "
+                                      "Quark quantizes each expert's 2-D input per hidden channel over its routed "
+                                      "tokens", file=config_file, layer=name, field=f"{spec.source}.input_tensors",
+                                      value=t.short(), accepted="static or MX activations, or weight-only")
 
 
 def moe_form(ctx) -> str:
@@ -147,6 +167,9 @@ def routed_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int
         else:
             zp2 = z_name
     inputs += ["", "", "", zp1, zp2]  # fc3 weights, scales, bias (fused into fc1); fc1/fc2 zero points
+    if not normalize:  # the CPU kernel renormalizes whatever normalize_routing_weights says (measured on ORT 1.32):
+        # router_weights (input 14) = the full softmax, gathered at the top-k experts, are the mixing weights
+        inputs += ["", _router_softmax(ctx, inputs[1], name, prefix)]
     acc = ctx.options.accuracy_level
     if acc is None:
         acc = ctx.ep.default_accuracy_level(4)
@@ -154,6 +177,17 @@ def routed_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int
                 swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0, normalize_routing_weights=int(normalize),
                 use_sparse_mixer=0, expert_weight_bits=4, block_size=bs, weights_prepacked=0,
                 accuracy_level=acc)
+
+
+def _router_softmax(ctx, logits: str, name: str, prefix: str) -> str:
+    """softmax over every expert's logit (in fp32, as transformers), in the io dtype: QMoE's router_weights."""
+    g = ctx.graph
+    if ctx.io_type != TensorProto.FLOAT:
+        logits = g.op("Cast", [logits], f"{prefix}/router/Cast", to=TensorProto.FLOAT)
+    probs = g.op("Softmax", [logits], f"{prefix}/router/Softmax", axis=-1)
+    if ctx.io_type != TensorProto.FLOAT:
+        probs = g.op("Cast", [probs], f"{prefix}/router/CastBack", to=ctx.io_type)
+    return probs
 
 
 def _router_logits(ctx, x: str, router_weight: str, num_experts: int, name: str, prefix: str) -> str:
