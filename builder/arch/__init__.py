@@ -4,11 +4,11 @@ from __future__ import annotations
 from types import ModuleType
 
 from ..errors import ConversionError
-from . import gemma, llama, mixtral, phi3, qwen2_moe, qwen3, qwen3_moe
+from . import gemma, gpt_oss, llama, mixtral, phi3, qwen2_moe, qwen3, qwen3_moe
 from .base import DecoderHyper, read_hyper
 
 FAMILIES: dict[str, ModuleType] = {name: module for module in (llama, qwen3, phi3, gemma, mixtral, qwen3_moe,
-                                                                 qwen2_moe)
+                                                                 qwen2_moe, gpt_oss)
                                    for name in module.MODEL_TYPES}
 
 

@@ -107,19 +107,20 @@ def moe_form(ctx) -> str:
     return ctx.options.extra.get("moe", "routed")  # validated in convert.check_options
 
 
-def routed_block_size(ctx, experts: list[tuple]) -> int | None:
-    """The QMoE block size for these experts, or None when the routed form does not apply to them."""
+def routed_block_size(ctx, experts: list[tuple], biases: bool = False) -> int | None:
+    """The QMoE block size for these experts ((gate, up, down) or (gate_up, down) plans each), or None when the
+    routed form does not apply to them. biases: the caller passes the experts' biases to QMoE (gpt-oss)."""
     if moe_form(ctx) != "routed" or ctx.ep.name not in ROUTED_EPS:
         return None
     plans = [p for expert in experts for p in expert]
-    if any(p.scheme is not IntWeightOnly or p.has_bias for p in plans):
+    if any(p.scheme is not IntWeightOnly or (p.has_bias and not biases) for p in plans):
         return None
     if len({(p.spec.weight[0].dtype, p.spec.weight[0].qscheme, p.spec.weight[0].group_size) for p in plans}) != 1:
         return None
     w = plans[0].spec.weight[0]
     if BITS[w.dtype] not in ROUTED_BITS:
         return None
-    hidden, inter = experts[0][0].in_features, experts[0][2].in_features
+    hidden, inter = experts[0][0].in_features, experts[0][-1].in_features
     groups = (w.group_size, w.group_size) if w.qscheme == "per_group" else (hidden, inter)
     common = int(np.gcd.reduce([*groups, hidden, inter]))
     bs = min(common & -common, 128)  # a power of two dividing every group: the groups' scales are replicated
