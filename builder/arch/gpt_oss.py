@@ -72,7 +72,8 @@ def refine_hyper(cfg: dict, hp: DecoderHyper, config_file: str) -> GptOssHyper:
     if windowed is not None:
         hp = replace(hp, windowed_layers=windowed)
     split = "model.layers.0.mlp.experts.0.gate_proj.weight"
-    if split in Checkpoint(Path(config_file).parent):  # reads only the headers
+    folder = Path(config_file).parent
+    if any(folder.glob("*.safetensors")) and split in Checkpoint(folder):  # reads only the headers
         raise ConversionError("separate per-expert gate_proj/up_proj are not supported (Quark 0.13 with "
                               "transformers 5 keeps gate_up_proj fused and interleaved)", file=config_file,
                               layer=split.rsplit(".", 1)[0], field="architectures[0]", value=hp.architecture)
