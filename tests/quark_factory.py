@@ -192,7 +192,7 @@ CUSTOM_WEIGHT_ONLY_SCHEMES: dict[str, tuple[str, str, int | None, bool]] = {
     "uint8_wo_64": ("uint8", "per_group", 64, False),
     "uint8_wo_per_channel": ("uint8", "per_channel", None, False),
 }
-_FIXED_GROUP = {"mxfp4": 32, "nvfp4": 16, "mxfp4_weight_only": 32}
+_FIXED_GROUP = {"mxfp4": 32, "nvfp4": 16, "mxfp4_weight_only": 32, "mxfp4_fp8": 32}
 
 
 def scheme_group_size(scheme: str) -> int | None:
@@ -234,6 +234,7 @@ RECIPES: dict[str, QuantRecipe] = {
         _r("fp8_w8a8_kv_attn", "fp8", kv_cache_scheme="fp8", attention_scheme="fp8"),
         _r("ptpc_fp8", "ptpc_fp8"),
         _r("mxfp4", "mxfp4"),
+        _r("mxfp4_fp8", "mxfp4_fp8"),  # MXFP4 weights, FP8 activations (amd/gpt-oss-120b-w-mxfp4-a-fp8)
         # MoE: expert 3 of every sparse layer left float (routed QMoE then does not apply: dense form)
         _r("uint4_g32_expert3_excluded", "uint4_wo_32", exclude=("lm_head", "*.gate", "*mlp.experts.3.*")),
         _r("nvfp4", "nvfp4"),

@@ -5,7 +5,8 @@ layer 0 only (layer_types), random attention sinks and biases everywhere (q/k/v/
 swiglu_limit 1.0 so that the clamps act. Each of those changes the logits by 0.6-1.0 when left out of the graph
 (measured by leaving out the head_sink input, the window, the clamp: 0.96, 1.04, 0.62).
 Schemes: uint4 g32 and int4 per-channel (routed com.microsoft QMoE on CPU with swiglu_limit/alpha/beta and expert
-biases), int8 weight-only, MXFP4 (weights and dynamic MXFP4 activations) and FP8 W8A8 per-tensor (dense form).
+biases), int8 weight-only, MXFP4 (weights and dynamic MXFP4 activations), MXFP4 weights with static FP8 activations
+(Quark mxfp4_fp8, as amd/gpt-oss-120b-w-mxfp4-a-fp8) and FP8 W8A8 per-tensor (dense form).
 Reference: reference.npz, Quark's frozen fake-quantized PyTorch model (QuarkGptOssExperts); ONNX: ORT CPU prompt
 logits and 16 greedy tokens through og.Generator.
 """
@@ -24,7 +25,7 @@ from onnx_helpers import NEW_TOKENS, build, decisive_prefix, genai_greedy, op_ty
 
 LOGIT_TOL = 1e-4  # measured max |logit diff| 8.3e-7 (fp32 io, accuracy_level 1)
 ROUTED = {"uint4_g32", "int4_per_channel"}
-CASES = [("gpt_oss", r) for r in ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "fp8_w8a8")]
+CASES = [("gpt_oss", r) for r in ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8")]
 QUARK_EXPORTS = CASES
 LAYERS = 2
 GPT_OSS_CFG = {"architectures": ["GptOssForCausalLM"], "hidden_size": 64, "intermediate_size": 64,

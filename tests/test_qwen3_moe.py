@@ -5,8 +5,9 @@ Shapes (tests/quark_factory.py): 8 experts top-2 of width 64, tiny Qwen3 attenti
   qwen3_moe_raw  3 layers, only layer 1 sparse (decoder_sparse_step 2), norm_topk_prob false (raw top-k softmax);
   qwen2_moe      2 layers, q/k/v bias, shared expert (width 96) weighted by sigmoid(shared_expert_gate).
 Schemes: uint4 g32 and int4 per-channel (routed com.microsoft QMoE on CPU), int8 weight-only, MXFP4 (weights and
-dynamic MXFP4 activations), FP8 W8A8 per-tensor, one expert per layer excluded (the non-routed ones run every
-expert, weighted by the routing); PTPC experts are refused (builder/ops/moe.py check_expert_plans).
+dynamic MXFP4 activations), MXFP4 with static FP8 activations (mxfp4_fp8), FP8 W8A8 per-tensor, one expert per
+layer excluded (the non-routed ones run every expert, weighted by the routing); PTPC experts are refused
+(builder/ops/moe.py check_expert_plans).
 Reference: reference.npz of each export, Quark's frozen fake-quantized PyTorch model (logits of the 8-token prompt
 and 16 greedy tokens without KV cache); the ONNX side is ORT CPU (prompt logits) and og.Generator (greedy, KV cache).
 """
@@ -21,8 +22,8 @@ from onnx_helpers import NEW_TOKENS, build, decisive_prefix, genai_greedy, op_ty
 
 LOGIT_TOL = 1e-4  # measured max |logit diff| over the cases below: 1.7e-6 (fp32 io, accuracy_level 1)
 ROUTED = {"uint4_g32", "int4_per_channel"}  # 4-bit experts: one QMoE per sparse layer on CPU
-CASES = [("qwen3_moe", r) for r in ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "fp8_w8a8",
-                                    "uint4_g32_expert3_excluded")]
+CASES = [("qwen3_moe", r) for r in ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8",
+                                    "fp8_w8a8", "uint4_g32_expert3_excluded")]
 CASES += [(s, r) for s in ("qwen3_moe_raw", "qwen2_moe") for r in ("uint4_g32", "mxfp4", "fp8_w8a8")]
 QUARK_EXPORTS = CASES + [("qwen3_moe", "ptpc_fp8")]
 SPARSE_LAYERS = {"qwen3_moe": 2, "qwen3_moe_raw": 1, "qwen2_moe": 2}
@@ -89,7 +90,7 @@ def test_float_checkpoint_matches_transformers(exports, tmp_path, shape):
 
 
 @pytest.mark.parametrize("ep", ["cuda", "migraphx"])
-@pytest.mark.parametrize("recipe", ["uint4_g32", "mxfp4", "fp8_w8a8"])
+@pytest.mark.parametrize("recipe", ["uint4_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8"])
 def test_gpu_eps_get_the_dense_form(exports, tmp_path, ep, recipe):
     """Built and passing the EP's static rules (not run on a GPU here): the dense form, no QMoE."""
     ops = op_types(build(exports[("qwen3_moe", recipe)], tmp_path / "onnx", ep, "fp16"))
