@@ -92,6 +92,8 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
     if hasattr(family, "check_plans"):  # what a family cannot express about its resolved layers (MoE experts)
         family.check_plans(hp, linears, config_file)
     model_plan = ModelPlan(source, cfg, quant, family, hp, ep, io, options, linears, notes)
+    if hasattr(family, "plan_notes"):  # how the family's special blocks will be emitted (MoE: routed or dense)
+        notes.extend(family.plan_notes(model_plan))
     from .attention_plan import choose_attention  # late import: attention variants register themselves
     choose_attention(model_plan, ckpt)
     return model_plan, ckpt

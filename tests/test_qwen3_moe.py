@@ -97,6 +97,21 @@ def test_gpu_eps_get_the_dense_form(exports, tmp_path, ep, recipe):
     assert "QMoE" not in ops and ops["TopK"] == 2
 
 
+@pytest.mark.parametrize("recipe,ep,extra,note", [
+    ("uint4_g32", "cpu", {}, "MoE: 2 sparse layer(s) as one com.microsoft QMoE each (routed, 4-bit experts, "
+                             "block_size 32)"),
+    ("uint4_g32", "cpu", {"moe": "dense"}, "because of --extra_options moe=dense"),
+    ("uint4_g32", "cuda", {}, "because of the cuda EP"),
+    ("mxfp4", "cpu", {}, "because of experts not all 4-bit integer weight-only"),
+])
+def test_plan_says_which_moe_form(exports, recipe, ep, extra, note):
+    from builder.convert import plan_model
+    from builder.emit_context import BuildOptions
+    plan, ckpt = plan_model(exports[("qwen3_moe", recipe)] / "quark", ep, None, BuildOptions(extra=extra))
+    ckpt.close()
+    assert any(note in n for n in plan.notes), plan.notes
+
+
 def test_ptpc_experts_are_refused(quark_exports, tmp_path):
     """Quark 0.13 quantizes a 2-D expert input per hidden channel over the routed tokens (measured: the per-token
     dense emulation is 0.14 off Quark's logits); refused at plan time, nothing written."""

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..checkpoint import Checkpoint
 from ..errors import ConversionError
-from ..ops.moe import check_expert_plans
+from ..ops.moe import check_expert_plans, form_note
 from ..ops.moe_clamped_swiglu import emit_moe
 from . import llama
 from .base import DecoderHyper, _windowed_layers
@@ -115,6 +115,12 @@ def check_plans(hp: GptOssHyper, plans: dict, config_file: str) -> None:
                                       "sinks", file=config_file, layer=plan.name,
                                       field=f"{plan.spec.source}.output_tensors",
                                       value=plan.spec.output_tensors[0].short())
+
+
+def plan_notes(model_plan) -> list[str]:
+    hp, plans = model_plan.hp, model_plan.linears
+    return [form_note(model_plan, {i: [tuple(plans[n] for n in hp.expert_linears(i, e)) for e in range(hp.num_experts)]
+                                   for i in range(hp.num_layers)}, biases=True)]
 
 
 def default_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp) -> str:

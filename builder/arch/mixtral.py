@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..checkpoint import Checkpoint
 from ..errors import ConversionError
-from ..ops.moe import check_expert_plans, emit_moe
+from ..ops.moe import check_expert_plans, emit_moe, form_note
 from . import llama
 from .base import DecoderHyper
 
@@ -97,6 +97,12 @@ def float_tensors(hp: MoEHyper) -> list[tuple[str, tuple[int, ...]]]:
 def check_plans(hp: MoEHyper, plans: dict, config_file: str) -> None:
     check_expert_plans(plans, [n for i in range(hp.num_layers) for e in range(hp.num_experts)
                                for n in hp.expert_linears(i, e)], config_file)
+
+
+def plan_notes(model_plan) -> list[str]:
+    hp, plans = model_plan.hp, model_plan.linears
+    return [form_note(model_plan, {i: [tuple(plans[n] for n in hp.expert_linears(i, e)) for e in range(hp.num_experts)]
+                                   for i in range(hp.num_layers)})]
 
 
 def build_graph(ctx, hp: MoEHyper, plans: dict, attention) -> None:

@@ -15,6 +15,7 @@ default_attention = llama.default_attention
 linear_layers = qwen3_moe.linear_layers
 build_graph = qwen3_moe.build_graph
 check_plans = qwen3_moe.check_plans
+plan_notes = qwen3_moe.plan_notes
 
 
 def refine_hyper(cfg: dict, hp: DecoderHyper, config_file: str) -> qwen3_moe.QwenMoEHyper:

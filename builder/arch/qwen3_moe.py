@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 from ..errors import ConversionError
 from ..ops.linear import emit_linear
 from ..ops.mlp import silu_mlp
-from ..ops.moe import check_expert_plans, emit_moe
+from ..ops.moe import check_expert_plans, emit_moe, form_note
 from . import llama, qwen3
 from .base import DecoderHyper
 
@@ -137,6 +137,13 @@ def check_plans(hp: QwenMoEHyper, plans: dict, config_file: str) -> None:
     names = [n for i in range(hp.num_layers) if hp.sparse_layers[i]
              for e in range(hp.num_experts) for n in hp.expert_linears(i, e)]
     check_expert_plans(plans, names, config_file)
+
+
+def plan_notes(model_plan) -> list[str]:
+    hp, plans = model_plan.hp, model_plan.linears
+    blocks = {i: [tuple(plans[n] for n in hp.expert_linears(i, e)) for e in range(hp.num_experts)]
+              for i in range(hp.num_layers) if hp.sparse_layers[i]}
+    return [form_note(model_plan, blocks)]
 
 
 def moe_float_tensors(hp: QwenMoEHyper) -> list[tuple[str, tuple[int, ...]]]:

@@ -103,6 +103,22 @@ def check_expert_plans(plans: dict, expert_names: list[str], config_file: str) -
                                       value=t.short(), accepted="static or MX activations, or weight-only")
 
 
+def form_note(model_plan, blocks: dict[int, list[tuple]], biases: bool = False) -> str:
+    """One line for `inspect` and the conversion log: how the MoE blocks {layer: experts} will be emitted."""
+    from types import SimpleNamespace
+    ctx = SimpleNamespace(ep=model_plan.ep, options=model_plan.options)
+    routed = {i: routed_block_size(ctx, experts, biases) for i, experts in blocks.items()}
+    shown = [i for i, bs in routed.items() if bs is not None]
+    if len(shown) == len(blocks):
+        return (f"MoE: {len(blocks)} sparse layer(s) as one com.microsoft QMoE each (routed, 4-bit experts, "
+                f"block_size {', '.join(str(b) for b in sorted(set(routed.values())))})")
+    why = ("--extra_options moe=dense" if moe_form(ctx) == "dense" else
+           f"the {model_plan.ep.name} EP" if model_plan.ep.name not in ROUTED_EPS else
+           "experts not all 4-bit integer weight-only with one block size")
+    return (f"MoE: {len(blocks) - len(shown)} of {len(blocks)} sparse layer(s) dense (every expert runs, weighted "
+            f"by the routing) because of {why}")
+
+
 def moe_form(ctx) -> str:
     return ctx.options.extra.get("moe", "routed")  # validated in convert.check_options
 
