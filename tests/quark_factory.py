@@ -138,7 +138,9 @@ class TinyModelSpec:
             kwargs.update(QWEN_MOE_KWARGS[self.arch])
         if self.arch == "gpt_oss":
             kwargs.update(GPT_OSS_KWARGS)
-        kwargs.update({k: list(v) if isinstance(v, tuple) else v for k, v in self.config_overrides})
+        # *_parameters values are dicts given as ((key, value), ...); other tuples are lists
+        kwargs.update({k: (dict(v) if k.endswith("_parameters") else list(v)) if isinstance(v, tuple) else v
+                       for k, v in self.config_overrides})
         if self.arch == "gemma3_text":
             kwargs["rope_parameters"] = {
                 "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": self.rope_theta},
@@ -278,6 +280,10 @@ SHAPES: dict[str, TinyModelSpec] = {
     # gpt-oss: attention sinks, alternating sliding/full attention, biases everywhere, clamped SwiGLU experts
     # (fused interleaved gate_up_proj per expert, as Quark's QuarkGptOssExperts makes them), router with bias
     "gpt_oss": TinyModelSpec(arch="gpt_oss", intermediate=64, head_dim=16),
+    # + yarn rope as gpt-oss checkpoints have it (truncate false), scaled to the tiny context
+    "gpt_oss_yarn": TinyModelSpec(arch="gpt_oss", intermediate=64, head_dim=16, config_overrides=(("rope_parameters", (
+        ("rope_type", "yarn"), ("factor", 4.0), ("beta_fast", 32.0), ("beta_slow", 1.0),
+        ("original_max_position_embeddings", 64), ("truncate", False), ("rope_theta", 10000.0))),)),
 }
 
 
