@@ -89,9 +89,9 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
                           has_bias=f"{name}.bias" in ckpt, node_prefix=prefix, weight_name=weight_name)
         scheme.check(plan, ckpt, ep)
         linears[name] = plan
-    if hasattr(family, "check_plans"):  # what a family cannot express about its resolved layers (MoE experts)
-        family.check_plans(hp, linears, config_file)
     model_plan = ModelPlan(source, cfg, quant, family, hp, ep, io, options, linears, notes)
+    if hasattr(family, "check_plans"):  # what a family cannot express about its resolved layers or on this EP
+        family.check_plans(model_plan)
     if hasattr(family, "plan_notes"):  # how the family's special blocks will be emitted (MoE: routed or dense)
         notes.extend(family.plan_notes(model_plan))
     from .attention_plan import choose_attention  # late import: attention variants register themselves

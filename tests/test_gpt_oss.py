@@ -97,9 +97,15 @@ def test_cuda_gets_the_dense_form(exports, tmp_path):
     assert "QMoE" not in ops and ops["TopK"] == LAYERS and ops["GroupQueryAttention"] == LAYERS
 
 
-def test_migraphx_is_refused_for_the_sinks(exports, tmp_path):
+@pytest.mark.parametrize("ep", ["migraphx", "rocm"])
+def test_migraphx_is_refused_for_the_sinks(exports, tmp_path, ep):
+    """At plan time (EPConfig.gqa_head_sink), before any tensor is converted; nothing written."""
+    from builder.convert import plan_model
+    with pytest.raises(ConversionError, match="head_sink input, which this EP does not read") as err:
+        plan_model(exports[("gpt_oss", "uint4_g32")] / "quark", ep, "fp16")
+    assert f"--execution_provider='{ep}'" in str(err.value)
     with pytest.raises(ConversionError, match="head_sink"):
-        build(exports[("gpt_oss", "uint4_g32")], tmp_path / "onnx", "migraphx", "fp16")
+        build(exports[("gpt_oss", "uint4_g32")], tmp_path / "onnx", ep, "fp16")
     assert not (tmp_path / "onnx").exists()
 
 

@@ -101,7 +101,12 @@ def float_tensors(hp: GptOssHyper) -> list[tuple[str, tuple[int, ...]]]:
     return llama.float_tensors(hp) + [(f"model.layers.{i}.{SINKS}", (hp.num_heads,)) for i in range(hp.num_layers)]
 
 
-def check_plans(hp: GptOssHyper, plans: dict, config_file: str) -> None:
+def check_plans(model_plan) -> None:
+    hp, plans, config_file = model_plan.hp, model_plan.linears, str(model_plan.source / "config.json")
+    if not model_plan.ep.gqa_head_sink:  # refused before anything is emitted (rule migraphx-gqa-inputs after)
+        raise ConversionError("gpt-oss attention sinks need GroupQueryAttention's head_sink input, which this EP "
+                              "does not read", file=config_file, layer=f"model.layers.0.{SINKS}",
+                              field="--execution_provider", value=model_plan.ep.name, accepted="cpu, cuda")
     check_expert_plans(plans, [n for i in range(hp.num_layers) for e in range(hp.num_experts)
                                for n in hp.expert_linears(i, e)], config_file)
     for i in range(hp.num_layers):

@@ -94,9 +94,10 @@ def float_tensors(hp: MoEHyper) -> list[tuple[str, tuple[int, ...]]]:
     return llama.float_tensors(hp) + routers
 
 
-def check_plans(hp: MoEHyper, plans: dict, config_file: str) -> None:
-    check_expert_plans(plans, [n for i in range(hp.num_layers) for e in range(hp.num_experts)
-                               for n in hp.expert_linears(i, e)], config_file)
+def check_plans(model_plan) -> None:
+    hp = model_plan.hp
+    check_expert_plans(model_plan.linears, [n for i in range(hp.num_layers) for e in range(hp.num_experts)
+                                            for n in hp.expert_linears(i, e)], str(model_plan.source / "config.json"))
 
 
 def plan_notes(model_plan) -> list[str]:

@@ -133,10 +133,11 @@ def linear_layers(hp: QwenMoEHyper) -> list[tuple[str, int, int, str]]:
     return out
 
 
-def check_plans(hp: QwenMoEHyper, plans: dict, config_file: str) -> None:
+def check_plans(model_plan) -> None:
+    hp = model_plan.hp
     names = [n for i in range(hp.num_layers) if hp.sparse_layers[i]
              for e in range(hp.num_experts) for n in hp.expert_linears(i, e)]
-    check_expert_plans(plans, names, config_file)
+    check_expert_plans(model_plan.linears, names, str(model_plan.source / "config.json"))
 
 
 def plan_notes(model_plan) -> list[str]:

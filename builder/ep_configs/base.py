@@ -16,6 +16,7 @@ class EPConfig:
     accuracy_level_4bit: int = 0
     accuracy_level_8bit: int = 0
     gqa_kv_quant: frozenset = frozenset()      # cache dtypes GroupQueryAttention quantizes natively ("fp8", "int8")
+    gqa_head_sink: bool = True                 # GroupQueryAttention's head_sink input (attention sinks, gpt-oss)
     fp8_linear: str = "qdq"                    # FP8 linears: qdq | dequantized_weight | matmul_block_fp8 (quant/fp8_w8a8.py)
     fp4_linear: str = "matmul_nbits8"          # MXFP4/NVFP4 weights: matmul_nbits8 | native | dq_fp8 (quant/mxfp4.py)
     fp4_accuracy_level: int = 1                # MatMulNBits accuracy_level of the 8-bit FP4 re-encoding (docs/fp4.md)
