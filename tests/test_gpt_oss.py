@@ -91,9 +91,10 @@ def test_graph_has_sinks_windows_and_qmoe_attributes(exports, tmp_path):
     assert json.loads((out / "genai_config.json").read_text())["model"]["type"] == "gptoss"
 
 
-def test_cuda_gets_the_dense_form(exports, tmp_path):
+@pytest.mark.parametrize("recipe", ["uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8"])
+def test_cuda_gets_the_dense_form(exports, tmp_path, recipe):
     """Built and passing CUDA's static rules (not run on a GPU here)."""
-    ops = op_types(build(exports[("gpt_oss", "mxfp4")], tmp_path / "onnx", "cuda", "fp16"))
+    ops = op_types(build(exports[("gpt_oss", recipe)], tmp_path / "onnx", "cuda", "fp16"))
     assert "QMoE" not in ops and ops["TopK"] == LAYERS and ops["GroupQueryAttention"] == LAYERS
 
 

@@ -106,12 +106,16 @@ def test_float_checkpoint_matches_transformers(exports, tmp_path, shape):
     assert diff <= 1e-4, diff  # measured 1.0-1.7e-6
 
 
+GPU_CASES = [("qwen3_moe", r) for r in ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8",
+                                        "fp8_w8a8")] + [("qwen2_moe", r) for r in ("uint4_g32", "mxfp4", "fp8_w8a8")]
+
+
 @pytest.mark.parametrize("ep", ["cuda", "migraphx"])
-@pytest.mark.parametrize("recipe", ["uint4_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8"])
-def test_gpu_eps_get_the_dense_form(exports, tmp_path, ep, recipe):
+@pytest.mark.parametrize("shape,recipe", GPU_CASES, ids=[f"{s}-{r}" for s, r in GPU_CASES])
+def test_gpu_eps_get_the_dense_form(exports, tmp_path, ep, shape, recipe):
     """Built and passing the EP's static rules (not run on a GPU here): the dense form, no QMoE."""
-    ops = op_types(build(exports[("qwen3_moe", recipe)], tmp_path / "onnx", ep, "fp16"))
-    assert "QMoE" not in ops and ops["TopK"] == 2
+    ops = op_types(build(exports[(shape, recipe)], tmp_path / "onnx", ep, "fp16"))
+    assert "QMoE" not in ops and ops["TopK"] == SPARSE_LAYERS[shape]
 
 
 @pytest.mark.parametrize("recipe,ep,extra,note", [
