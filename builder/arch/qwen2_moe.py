@@ -19,7 +19,7 @@ plan_notes = qwen3_moe.plan_notes
 
 
 def refine_hyper(cfg: dict, hp: DecoderHyper, config_file: str) -> qwen3_moe.QwenMoEHyper:
-    return qwen3_moe.refine_hyper(cfg, hp, config_file, shared_expert=True)
+    return qwen3_moe.refine_hyper(cfg, hp, config_file, shared_expert=True, router_is_linear=False)
 
 
 def float_tensors(hp: qwen3_moe.QwenMoEHyper) -> list[tuple[str, tuple[int, ...]]]:

@@ -11,7 +11,8 @@ norm_topk_prob is true (Qwen3-MoE checkpoints set it true; the config default is
 
 Tensor names (amd-quark 0.13 exports from transformers 5, whose preprocess_for_quantization turns the fused 3-D
 expert parameters into one nn.Linear per expert and projection; the Hub layout has the same names):
-    model.layers.{i}.mlp.gate.weight                          [E, hidden]  router (not an nn.Linear: never quantized)
+    model.layers.{i}.mlp.gate.weight                          [E, hidden]  router (an nn.Linear once Quark preprocessed
+                                                           it; the template excludes `*.gate`; emitted as exported)
     model.layers.{i}.mlp.experts.{e}.gate_proj/up_proj        [I_moe, hidden]
     model.layers.{i}.mlp.experts.{e}.down_proj                [hidden, I_moe]
     model.layers.{i}.mlp.shared_expert.gate_proj/up_proj/down_proj  (Qwen2-MoE: shared_expert_intermediate_size)
@@ -39,7 +40,7 @@ from .base import DecoderHyper
 MODEL_TYPES = {"Qwen3MoeForCausalLM": "qwen3"}
 MOE_FAMILY = True  # tests/test_architecture_coverage.py: tested end to end with 4-bit and MXFP4 experts
 MLP_PROJ = ("gate_proj", "up_proj", "down_proj")
-ROUTER = "gate.weight"                 # under model.layers.{i}.mlp
+ROUTER = "gate"                        # under model.layers.{i}.mlp: a Linear once Quark preprocessed it
 EXPERT = "experts.{e}.{proj}"          # under model.layers.{i}.mlp
 SHARED_EXPERT = "shared_expert.{proj}"
 SHARED_EXPERT_GATE = "shared_expert_gate"
@@ -56,6 +57,9 @@ class QwenMoEHyper(DecoderHyper):
     norm_topk_prob: bool = False      # renormalize the top-k probabilities
     sparse_layers: tuple[bool, ...] = ()
     shared_expert_size: int = 0       # shared_expert_intermediate_size (Qwen2-MoE); 0: no shared expert
+    # Quark replaces Qwen3MoeTopKRouter by an nn.Linear (QuarkQwen3MoeTopKRouter), a layer it may quantize;
+    # Qwen2MoeTopKRouter stays a plain parameter, never quantized (a float tensor here)
+    router_is_linear: bool = True
 
     def block(self, i: int) -> str:
         return f"model.layers.{i}.mlp"
@@ -75,7 +79,8 @@ def _positive(cfg: dict, field: str, config_file: str, default=None) -> int:
     return value
 
 
-def refine_hyper(cfg: dict, hp: DecoderHyper, config_file: str, *, shared_expert: bool = False) -> QwenMoEHyper:
+def refine_hyper(cfg: dict, hp: DecoderHyper, config_file: str, *, shared_expert: bool = False,
+                 router_is_linear: bool = True) -> QwenMoEHyper:
     """The decoder hyper-parameters plus the MoE ones; everything this family cannot express is refused."""
     # Hub config.json files say num_experts; transformers 5 writes its attribute_map name num_local_experts
     key = "num_experts" if cfg.get("num_experts") is not None else "num_local_experts"
@@ -101,7 +106,8 @@ def refine_hyper(cfg: dict, hp: DecoderHyper, config_file: str, *, shared_expert
     sparse = tuple(i not in dense and (i + 1) % step == 0 for i in range(hp.num_layers))
     base = {f.name: getattr(hp, f.name) for f in fields(DecoderHyper)}
     return QwenMoEHyper(**base, num_experts=experts, experts_per_token=top_k, moe_intermediate_size=moe_inter,
-                        norm_topk_prob=norm_topk, sparse_layers=sparse, shared_expert_size=shared)
+                        norm_topk_prob=norm_topk, sparse_layers=sparse, shared_expert_size=shared,
+                        router_is_linear=router_is_linear)
 
 
 def linear_layers(hp: QwenMoEHyper) -> list[tuple[str, int, int, str]]:
@@ -121,6 +127,8 @@ def linear_layers(hp: QwenMoEHyper) -> list[tuple[str, int, int, str]]:
             for proj, shape in mlp(hp.intermediate_size):
                 out.append((f"{hp.block(i)}.{proj}", *shape, f"/model/layers.{i}/mlp/{proj}"))
             continue
+        if hp.router_is_linear:
+            out.append((f"{hp.block(i)}.{ROUTER}", hp.hidden_size, hp.num_experts, f"/model/layers.{i}/moe/gate"))
         for e in range(hp.num_experts):
             for name, (proj, shape) in zip(hp.expert_linears(i, e), mlp(hp.moe_intermediate_size)):
                 out.append((name, *shape, f"/model/layers.{i}/moe/experts.{e}/{proj}"))
@@ -148,8 +156,10 @@ def plan_notes(model_plan) -> list[str]:
 
 
 def moe_float_tensors(hp: QwenMoEHyper) -> list[tuple[str, tuple[int, ...]]]:
-    """The routers of the sparse layers."""
-    return [(f"{hp.block(i)}.{ROUTER}", (hp.num_experts, hp.hidden_size))
+    """The routers of the sparse layers when they are plain parameters (else they are linear layers)."""
+    if hp.router_is_linear:
+        return []
+    return [(f"{hp.block(i)}.{ROUTER}.weight", (hp.num_experts, hp.hidden_size))
             for i in range(hp.num_layers) if hp.sparse_layers[i]]
 
 
@@ -167,7 +177,8 @@ def moe_or_dense_mlp(ctx, i: int, x: str, plans: dict, hp: QwenMoEHyper) -> str:
         return llama.llama_mlp(ctx, i, x, plans, hp)
     block, prefix = hp.block(i), f"/model/layers.{i}/moe"
     experts = [tuple(plans[n] for n in hp.expert_linears(i, e)) for e in range(hp.num_experts)]
-    y = emit_moe(ctx, x, f"{block}.{ROUTER}", experts, hp.experts_per_token, block, prefix,
+    router = plans[f"{block}.{ROUTER}"] if hp.router_is_linear else f"{block}.{ROUTER}.weight"
+    y = emit_moe(ctx, x, router, experts, hp.experts_per_token, block, prefix,
                  normalize=hp.norm_topk_prob)
     if not hp.shared_expert_size:
         return y

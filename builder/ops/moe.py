@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
+from ..quant.base import LinearPlan
 from ..quant.int_packing import pack_uint_lowfirst
 from ..quant.int_weight_only import BITS, IntWeightOnly
 from ..errors import ConversionError
@@ -39,13 +40,22 @@ ROUTED_EPS = ("cpu",)
 ROUTED_BITS = (4,)
 
 
-def router_weights(ctx, x: str, router_weight: str, top_k: int, name: str, prefix: str,
+def router_matmul(ctx, x: str, router, prefix: str) -> str:
+    """x [B,S,H] -> router logits [B,S,E]. router: the name of a float [E, H] tensor (a router that is not an
+    nn.Linear, never quantized: Mixtral) or the LinearPlan of a router Linear, emitted as Quark left it (Qwen-MoE's
+    router once Quark preprocessed it; excluded by its template, but an export may quantize it)."""
+    if isinstance(router, LinearPlan):
+        return emit_linear(ctx, router, x)
+    w_t = ctx.float_initializer(f"{router}.T", router, transpose=True)
+    return ctx.graph.op("MatMul", [x, w_t], f"{prefix}/gate/MatMul")
+
+
+def router_weights(ctx, x: str, router_weight, top_k: int, name: str, prefix: str,
                    normalize: bool = True) -> str:
     """x [B,S,H] -> dense routing weights [B,S,E] in the io dtype (top-k softmax, renormalized to sum 1 when
     `normalize`, zeros elsewhere). name: the MoE block's module name, prefix of the constants made here."""
     g = ctx.graph
-    w_t = ctx.float_initializer(f"{router_weight}.T", router_weight, transpose=True)
-    logits = g.op("MatMul", [x, w_t], f"{prefix}/gate/MatMul")
+    logits = router_matmul(ctx, x, router_weight, prefix)
     if ctx.io_type != TensorProto.FLOAT:  # transformers: softmax(router_logits.float())
         logits = g.op("Cast", [logits], f"{prefix}/gate/Cast", to=TensorProto.FLOAT)
     probs = g.op("Softmax", [logits], f"{prefix}/router/Softmax", axis=-1)
@@ -210,8 +220,7 @@ def _router_softmax(ctx, logits: str, name: str, prefix: str) -> str:
 def _router_logits(ctx, x: str, router_weight: str, num_experts: int, name: str, prefix: str) -> str:
     """x [B,S,H] -> router logits [B*S, E] in the io dtype (QMoE wants one row per token)."""
     g = ctx.graph
-    w_t = ctx.float_initializer(f"{router_weight}.T", router_weight, transpose=True)
-    logits = g.op("MatMul", [x, w_t], f"{prefix}/gate/MatMul")
+    logits = router_matmul(ctx, x, router_weight, prefix)
     shape = g.const_i64(f"{name}.router.rows_shape", [-1, num_experts])
     return g.op("Reshape", [logits, shape], f"{prefix}/gate/Reshape")
 
