@@ -240,8 +240,9 @@ RECIPES: dict[str, QuantRecipe] = {
         _r("mxfp4_kv", "mxfp4", kv_cache_scheme="fp8"),  # amd/Qwen3-235B-A22B-..._moe_w_mxfp4_a_mxfp4_kv_fp8  # MXFP4 weights, FP8 activations (amd/gpt-oss-120b-w-mxfp4-a-fp8)
         # MoE: expert 3 of every sparse layer left float (routed QMoE then does not apply: dense form)
         _r("uint4_g32_expert3_excluded", "uint4_wo_32", exclude=("lm_head", "*.gate", "*mlp.experts.3.*")),
-        # MoE: the router quantized too (Quark's Qwen3-MoE / gpt-oss routers are nn.Linear once preprocessed)
-        _r("uint4_g32_router_quantized", "uint4_wo_32", exclude=("lm_head",)),
+        # MoE: routers not excluded (Quark's Qwen3-MoE / gpt-oss routers are nn.Linear subclasses once preprocessed;
+        # measured: amd-quark 0.13 still leaves them float, and the export has no weight_scale for them)
+        _r("uint4_g32_router_not_excluded", "uint4_wo_32", exclude=("lm_head",)),
         _r("nvfp4", "nvfp4"),
     ]
 }

@@ -26,7 +26,8 @@ CASES = [("qwen3_moe", r) for r in ("uint4_g32", "int4_per_channel", "int8_wo_g3
                                     "fp8_w8a8", "uint4_g32_expert3_excluded")]
 CASES += [(s, r) for s in ("qwen3_moe_raw", "qwen2_moe") for r in ("uint4_g32", "mxfp4", "fp8_w8a8")]
 KV_CASES = [("qwen3_moe", "mxfp4_kv"), ("qwen3_moe", "fp8_w8a8_kv")]  # FP8 KV cache (Qwen3-235B MXFP4 + KV FP8)
-QUARK_EXPORTS = CASES + KV_CASES + [("qwen3_moe", "ptpc_fp8")]
+QUARK_EXPORTS = CASES + KV_CASES + [("qwen3_moe", "ptpc_fp8"), ("qwen3_moe", "uint4_g32_router_not_excluded"),
+                                     ("gpt_oss", "uint4_g32_router_not_excluded")]
 SPARSE_LAYERS = {"qwen3_moe": 2, "qwen3_moe_raw": 1, "qwen2_moe": 2}
 QWEN3_MOE_CFG = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
                  "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
@@ -131,6 +132,21 @@ def test_plan_says_which_moe_form(exports, recipe, ep, extra, note):
     plan, ckpt = plan_model(exports[("qwen3_moe", recipe)] / "quark", ep, None, BuildOptions(extra=extra))
     ckpt.close()
     assert any(note in n for n in plan.notes), plan.notes
+
+
+@pytest.mark.parametrize("shape,router", [("qwen3_moe", "mlp.gate"), ("gpt_oss", "mlp.router")])
+def test_routers_not_excluded_stay_float(quark_exports, tmp_path, shape, router):
+    """exclude without the routers: Quark 0.13 still leaves them float (no weight_scale), so they stay float MatMuls,
+    with a note, and the model matches Quark."""
+    from builder.convert import plan_model
+    export = quark_exports(shape, "uint4_g32_router_not_excluded")
+    plan, ckpt = plan_model(export / "quark", "cpu")
+    ckpt.close()
+    assert plan.linears[f"model.layers.0.{router}"].scheme.name == "float"
+    assert any(f"model.layers.0.{router}: config resolves to" in n and "kept float" in n for n in plan.notes)
+    out = build(export, tmp_path / "onnx", "cpu", "fp32", accuracy_level=1)
+    ref = np.load(export / "reference.npz")
+    assert float(np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max()) <= LOGIT_TOL  # 1.3e-6, 8.3e-7
 
 
 def test_ptpc_experts_are_refused(quark_exports, tmp_path):
