@@ -153,7 +153,7 @@ def routed_block_size(ctx, experts: list[tuple], biases: bool = False) -> int | 
     return bs if bs >= 16 else None
 
 
-def _stack_expert(iws, bs: int):
+def stack_expert(iws, bs: int):
     """IntWeights of one fc (rows of all parts in order) -> packed weight [N, K/2], scales [N, K/bs], zp packed."""
     q_u, zp_u, scales = [], [], []
     for iw in iws:
@@ -174,11 +174,11 @@ def routed_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int
     for gate, up, down in experts:
         gi, ui, di = (IntWeightOnly.load(p, ctx.ckpt, pack) for p in (gate, up, down))
         n = gi.q.shape[0]
-        q, s, z = _stack_expert([gi, ui], bs)
+        q, s, z = stack_expert([gi, ui], bs)
         order = np.stack([np.arange(n), np.arange(n) + n], axis=1).reshape(-1)  # g0,u0,g1,u1,...
         q, s, z = q[order], s[order], z[order]
         fc1_w.append(pack_uint_lowfirst(q, 4)), fc1_s.append(s), fc1_z.append(pack_uint_lowfirst(z, 4))
-        q, s, z = _stack_expert([di], bs)
+        q, s, z = stack_expert([di], bs)
         fc2_w.append(pack_uint_lowfirst(q, 4)), fc2_s.append(s), fc2_z.append(pack_uint_lowfirst(z, 4))
         if ctx.progress:
             for p in (gate, up, down):

@@ -23,7 +23,7 @@ import numpy as np
 from ..quant.int_packing import pack_uint_lowfirst
 from ..quant.int_weight_only import IntWeightOnly
 from .linear import emit_linear, emit_linears
-from .moe import _stack_expert, routed_block_size
+from .moe import routed_block_size, stack_expert
 
 
 def _scalar(ctx, name: str, value: float) -> str:
@@ -88,7 +88,7 @@ def routed_moe(ctx, x: str, router, experts: list[tuple], top_k: int, alpha: flo
     fc = {"fc1": ([], [], [], []), "fc2": ([], [], [], [])}
     for gate_up, down in experts:
         for key, plan in (("fc1", gate_up), ("fc2", down)):
-            q, s, z = _stack_expert([IntWeightOnly.load(plan, ctx.ckpt, pack)], bs)
+            q, s, z = stack_expert([IntWeightOnly.load(plan, ctx.ckpt, pack)], bs)
             w_l, s_l, z_l, b_l = fc[key]
             w_l.append(pack_uint_lowfirst(q, 4)), s_l.append(s), z_l.append(pack_uint_lowfirst(z, 4))
             b_l.append(ctx.float_weight(f"{plan.name}.bias") if plan.has_bias
