@@ -130,6 +130,10 @@ def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, 
     notes += [kernel_note(op, n, ep.name, options.custom_ops_library, library_kernels) for op, n in custom.items()]
     model_plan = ModelPlan(source, cfg, quant, family, hp, ep, io, options, linears, notes)
     model_plan.generation = generation
+    if hasattr(family, "check_plans"):  # what a family cannot express about its resolved layers or on this EP
+        family.check_plans(model_plan)
+    if hasattr(family, "plan_notes"):  # how the family's special blocks will be emitted (MoE: routed or dense)
+        notes.extend(family.plan_notes(model_plan))
     from .attention_plan import choose_attention  # late import: attention variants register themselves
     choose_attention(model_plan, ckpt)
     if ep.plan_notes is not None:

@@ -43,7 +43,23 @@ ARCH_CLASSES = {
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),  # key = Quark's LLMTemplate name
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
 }
+# Qwen MoE settings (not TinyModelSpec fields: those would re-key every cache); per-shape variations go through
+# TinyModelSpec.config_overrides. 8 experts top-2, expert width 64 (the dense MLP layers keep `intermediate`).
+QWEN_MOE_KWARGS = {
+    "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+                      use_sliding_window=False),
+    "qwen2_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=False,
+                      shared_expert_intermediate_size=96, use_sliding_window=False),
+}
+# gpt-oss: 4 experts top-2, sliding window 4 on layer 0 only, q/k/v/o biases, a swiglu_limit small enough (1.0) that
+# the clamps act on these activations; _new_model randomizes the sinks and every bias (HF inits them to 0 / 0.1)
+GPT_OSS_KWARGS = dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=4, swiglu_limit=1.0,
+                      layer_types=["sliding_attention", "full_attention"], attention_bias=True)
+MOE_ARCHS = ("mixtral", "qwen3_moe", "qwen2_moe", "gpt_oss", "deepseek_v3")  # Quark's preprocess_for_quantization splits their experts
 # Gemma settings that make every difference from Llama visible in a 2-layer, 8-token model: sliding window 4 on
 # layer 0 only, attention scale 24**-0.5 != head_dim**-0.5, softcaps small enough to bend the logits (Gemma2),
 # a local rope theta and a linearly scaled global rope (Gemma3). Norm weights are randomized (HF inits them to 0,
@@ -93,6 +109,13 @@ class TinyModelSpec:
     rope_theta: float = 10000.0
     init_std: float = 0.1  # larger than HF's 0.02 so that greedy top-2 logit margins are not tiny
     variant: str = ""  # arch-specific sub-configuration (DEEPSEEK_VARIANTS); "" is left out of cache keys
+    # ((config field, value), ...) set on the HF config last (lists as tuples); left out of the cache key when empty
+    config_overrides: tuple = ()
+
+    def __post_init__(self):  # from JSON (the factory subprocess): lists back to hashable tuples
+        def frozen(v):
+            return tuple(frozen(x) for x in v) if isinstance(v, (list, tuple)) else v
+        object.__setattr__(self, "config_overrides", tuple((k, frozen(v)) for k, v in self.config_overrides))
 
     def hf_config(self):
         import transformers
@@ -117,7 +140,7 @@ class TinyModelSpec:
         )
         if self.head_dim is not None:
             kwargs["head_dim"] = self.head_dim
-        if self.arch in ("llama", "qwen3"):
+        if self.arch in ("llama", "qwen3", "qwen3_moe"):
             kwargs["attention_bias"] = self.attention_bias
         elif self.attention_bias:
             raise ValueError(f"attention_bias applies to llama and qwen3 only (arch={self.arch!r})")
@@ -134,6 +157,13 @@ class TinyModelSpec:
             kwargs["use_sliding_window"] = False
         if self.arch in GEMMA_KWARGS:
             kwargs.update(GEMMA_KWARGS[self.arch])
+        if self.arch in QWEN_MOE_KWARGS:
+            kwargs.update(QWEN_MOE_KWARGS[self.arch])
+        if self.arch == "gpt_oss":
+            kwargs.update(GPT_OSS_KWARGS)
+        # *_parameters values are dicts given as ((key, value), ...); other tuples are lists
+        kwargs.update({k: (dict(v) if k.endswith("_parameters") else list(v)) if isinstance(v, tuple) else v
+                       for k, v in self.config_overrides})
         if self.arch == "gemma3_text":
             kwargs["rope_parameters"] = {
                 "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": self.rope_theta},
@@ -187,7 +217,7 @@ CUSTOM_WEIGHT_ONLY_SCHEMES: dict[str, tuple[str, str, int | None, bool]] = {
     "uint8_wo_64": ("uint8", "per_group", 64, False),
     "uint8_wo_per_channel": ("uint8", "per_channel", None, False),
 }
-_FIXED_GROUP = {"mxfp4": 32, "nvfp4": 16, "mxfp4_weight_only": 32}
+_FIXED_GROUP = {"mxfp4": 32, "nvfp4": 16, "mxfp4_weight_only": 32, "mxfp4_fp8": 32}
 
 
 def scheme_group_size(scheme: str) -> int | None:
@@ -229,6 +259,13 @@ RECIPES: dict[str, QuantRecipe] = {
         _r("fp8_w8a8_kv_attn", "fp8", kv_cache_scheme="fp8", attention_scheme="fp8"),
         _r("ptpc_fp8", "ptpc_fp8"),
         _r("mxfp4", "mxfp4"),
+        _r("mxfp4_fp8", "mxfp4_fp8"),
+        _r("mxfp4_kv", "mxfp4", kv_cache_scheme="fp8"),  # amd/Qwen3-235B-A22B-..._moe_w_mxfp4_a_mxfp4_kv_fp8  # MXFP4 weights, FP8 activations (amd/gpt-oss-120b-w-mxfp4-a-fp8)
+        # MoE: expert 3 of every sparse layer left float (routed QMoE then does not apply: dense form)
+        _r("uint4_g32_expert3_excluded", "uint4_wo_32", exclude=("lm_head", "*.gate", "*mlp.experts.3.*")),
+        # MoE: routers not excluded (Quark's Qwen3-MoE / gpt-oss routers are nn.Linear subclasses once preprocessed;
+        # measured: amd-quark 0.13 still leaves them float, and the export has no weight_scale for them)
+        _r("uint4_g32_router_not_excluded", "uint4_wo_32", exclude=("lm_head",)),
         # amd/DeepSeek-R1-MXFP4's shape: attention MXFP4 too (only lm_head and the router float), FP8 KV cache
         _r("mxfp4_attn_kv", "mxfp4", exclude=("lm_head", "*mlp.gate"), kv_cache_scheme="fp8"),
         _r("nvfp4", "nvfp4"),
@@ -262,6 +299,22 @@ SHAPES: dict[str, TinyModelSpec] = {
     # MLA + grouped sigmoid routing + shared expert + a first dense layer (DEEPSEEK_VARIANTS)
     "deepseek_v3": TinyModelSpec(arch="deepseek_v3"),
     "deepseek_v3_qproj_yarn": TinyModelSpec(arch="deepseek_v3", variant="qproj_yarn"),
+    # 8 experts top-2 (width 64), per-head q/k norms, head_dim 32; 3 layers: layer 1 a dense MLP (width 128)
+    # through mlp_only_layers; renormalized top-k (norm_topk_prob true)
+    "qwen3_moe": TinyModelSpec(arch="qwen3_moe", head_dim=32, layers=3, config_overrides=(("mlp_only_layers", (1,)),)),
+    # raw top-k softmax weights (norm_topk_prob false) and the dense layer from decoder_sparse_step 2 (layers 0, 2
+    # dense, layer 1 sparse)
+    "qwen3_moe_raw": TinyModelSpec(arch="qwen3_moe", head_dim=32, layers=3, seed=2, config_overrides=(
+        ("norm_topk_prob", False), ("decoder_sparse_step", 2))),
+    # Qwen2-MoE: q/k/v bias, no q/k norms, a shared expert (width 96) weighted by sigmoid(shared_expert_gate)
+    "qwen2_moe": TinyModelSpec(arch="qwen2_moe", layers=2, seed=1),
+    # gpt-oss: attention sinks, alternating sliding/full attention, biases everywhere, clamped SwiGLU experts
+    # (fused interleaved gate_up_proj per expert, as Quark's QuarkGptOssExperts makes them), router with bias
+    "gpt_oss": TinyModelSpec(arch="gpt_oss", intermediate=64, head_dim=16),
+    # + yarn rope as gpt-oss checkpoints have it (truncate false), scaled to the tiny context
+    "gpt_oss_yarn": TinyModelSpec(arch="gpt_oss", intermediate=64, head_dim=16, config_overrides=(("rope_parameters", (
+        ("rope_type", "yarn"), ("factor", 4.0), ("beta_fast", 32.0), ("beta_slow", 1.0),
+        ("original_max_position_embeddings", 64), ("truncate", False), ("rope_theta", 10000.0))),)),
 }
 
 
@@ -286,6 +339,8 @@ def cache_key(spec: TinyModelSpec, recipe: QuantRecipe, prompt_len: int = 8, new
     spec_fields = dataclasses.asdict(spec)
     if not spec_fields["variant"]:  # keeps the keys of every export made before the field existed
         del spec_fields["variant"]
+    if not spec_fields["config_overrides"]:  # keys of the specs made before the field existed stay as they were
+        del spec_fields["config_overrides"]
     if spec.arch == "deepseek_v3":  # its settings live in module dicts, not in spec fields
         spec_fields["arch_config"] = {**DEEPSEEK_COMMON, **DEEPSEEK_VARIANTS[spec.variant]}
     blob = json.dumps(
@@ -435,13 +490,21 @@ def _new_model(spec: TinyModelSpec, torch_dtype, tie: bool | None = None):
             for name, b in model.named_buffers():
                 if name.endswith("e_score_correction_bias"):
                     b.copy_(0.5 * torch.randn(b.shape, generator=gen))
+    if spec.arch == "gpt_oss":  # sinks of a visible size, and non-zero expert/router/attention biases
+        gen = torch.Generator().manual_seed(spec.seed + 100)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("sinks"):
+                    p.copy_(torch.randn(p.shape, generator=gen))
+                elif name.endswith("bias"):
+                    p.copy_(0.3 * torch.randn(p.shape, generator=gen))
     return model.to(torch_dtype).eval().requires_grad_(False)
 
 
 def _split_experts(model, spec: TinyModelSpec):
     """MoE models: Quark's own preprocess (what its LLM PTQ flow runs) turns transformers 5's fused 3-D expert
     parameters into one nn.Linear per expert and projection, the modules it quantizes and exports."""
-    if spec.arch in ("mixtral", "deepseek_v3"):
+    if spec.arch in MOE_ARCHS:
         from quark.torch.utils.llm.model_preparation import preprocess_for_quantization
         preprocess_for_quantization(model)
     return model

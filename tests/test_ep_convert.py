@@ -26,6 +26,7 @@ SCHEME_EXPORTS = {
     "fp8-w8a8": ("llama_h64", "fp8_w8a8"),
     "int8-w8a8": ("llama_h64", "int8_w8a8"),
     "mxfp4": ("llama_h64", "mxfp4"),
+    "mxfp4-fp8": ("llama_h64", "mxfp4_fp8"),
     "nvfp4": ("llama_h64", "nvfp4"),
 }
 INT_RECIPES = ("uint4_g64", "int4_per_channel", "int8_wo_g64", "uint8_wo_per_channel")

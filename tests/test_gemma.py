@@ -67,7 +67,7 @@ def _edited_export(quark_exports, tmp_path, shape, **changes):
     ("gemma3", {"use_bidirectional_attention": True}, "bidirectional"),
     ("gemma2", {"query_pre_attn_scalar": None}, "query_pre_attn_scalar"),
     ("gemma2", {"attn_logit_softcapping": -1.0}, "softcapping"),
-    ("gemma3", {"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4},
+    ("gemma3", {"rope_parameters": {"full_attention": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e3}}},
      "rope scaling type not supported"),
 ])

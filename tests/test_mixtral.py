@@ -10,6 +10,7 @@ test_int_weight_models.py (SHAPE_RECIPES). Here:
 - the dense form (--extra_options moe=dense) against Quark's model too, so the fallback stays exact;
 - graph layout: QMoE per layer on cpu; dense on cuda/migraphx and with moe=dense (all experts' gate/up in one
   MatMulNBits, one down_proj per expert, TopK routing);
+- MXFP4 and FP8 W8A8 experts (dense form) against Quark's model;
 - refusals: non-SiLU experts, top-k larger than the expert count.
 """
 from __future__ import annotations
@@ -21,7 +22,10 @@ from builder.arch import family_for
 from builder.errors import ConversionError
 from onnx_helpers import build, genai_greedy, op_types, prompt_logits
 
-QUARK_EXPORTS = [("mixtral", "uint4_g32"), ("mixtral", "int4_per_channel")]
+# end-to-end cases of this module (tests/test_architecture_coverage.py); the integer ones are in
+# test_int_weight_models.py
+CASES = [("mixtral", "mxfp4"), ("mixtral", "fp8_w8a8")]
+QUARK_EXPORTS = [("mixtral", "uint4_g32"), ("mixtral", "int4_per_channel")] + CASES
 LAYERS, EXPERTS = 2, 4
 MIXTRAL_CFG = {"architectures": ["MixtralForCausalLM"], "hidden_size": 64, "intermediate_size": 64,
                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
@@ -48,6 +52,18 @@ def test_fp16_io_matches_quark(export, tmp_path):
     diff = float(np.abs(prompt_logits(out, ref["input_ids"]).astype(np.float32) - ref["logits"]).max())
     assert diff <= 2e-2, diff  # measured 3.5e-3 (fp16 activations)
     assert genai_greedy(out, ref["input_ids"]) == ref["greedy"].tolist()
+
+
+@pytest.mark.parametrize("shape,recipe", CASES)
+def test_mxfp4_and_fp8_experts_match_quark(quark_exports, tmp_path, shape, recipe):
+    """Dense form (MXFP4 with dynamic MXFP4 activations, FP8 W8A8 per-tensor: no routed kernel reproduces them)."""
+    export = quark_exports(shape, recipe)
+    out = build(export, tmp_path / "onnx", "cpu", "fp32", accuracy_level=1)
+    ref = np.load(export / "reference.npz")
+    diff = float(np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max())
+    assert diff <= 1e-4, diff  # measured 9.5e-7 (mxfp4), 6.0e-7 (fp8)
+    assert genai_greedy(out, ref["input_ids"]) == ref["greedy"].tolist()
+    assert "QMoE" not in op_types(out)
 
 
 @pytest.mark.parametrize("recipe", ["uint4_g32", "int4_per_channel"])

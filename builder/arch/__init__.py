@@ -4,10 +4,11 @@ from __future__ import annotations
 from types import ModuleType
 
 from ..errors import ConversionError
-from . import deepseek_v3, gemma, llama, mixtral, phi3, qwen3
+from . import deepseek_v3, gemma, gpt_oss, llama, mixtral, phi3, qwen2_moe, qwen3, qwen3_moe
 from .base import DecoderHyper, read_hyper
 
-FAMILIES: dict[str, ModuleType] = {name: module for module in (llama, qwen3, phi3, gemma, mixtral, deepseek_v3)
+FAMILIES: dict[str, ModuleType] = {name: module for module in (llama, qwen3, phi3, gemma, mixtral, qwen3_moe,
+                                                                 qwen2_moe, gpt_oss, deepseek_v3)
                                    for name in module.MODEL_TYPES}
 
 
@@ -20,7 +21,7 @@ def family_for(cfg: dict, config_file: str) -> tuple[ModuleType, DecoderHyper]:
     module = FAMILIES[arch]
     hp = read_hyper(cfg, arch, module.MODEL_TYPES[arch], config_file)
     if hasattr(module, "refine_hyper"):  # family-specific hyper-parameters, validated, as a new DecoderHyper
-        hp = module.refine_hyper(cfg, hp, config_file)  # (gemma: softcaps, local rope; mixtral: experts)
+        hp = module.refine_hyper(cfg, hp, config_file)  # (gemma: softcaps, local rope; MoE: experts)
     if hasattr(module, "check_config"):  # what a family cannot express, refused before any tensor is read
         module.check_config(cfg, hp, config_file)
     return module, hp

@@ -42,6 +42,7 @@ from .base import DecoderHyper
 # genai_config model.type: onnxruntime-genai 0.18 has no deepseek type; the graph's inputs and outputs are those of
 # its plain decoder types (input_ids, attention_mask, past/present per layer, logits).
 MODEL_TYPES = {"DeepseekV3ForCausalLM": "llama"}
+MOE_FAMILY = True  # tests/test_architecture_coverage.py: tested end to end with 4-bit and MXFP4 experts
 MLP_PROJ = ("gate_proj", "up_proj", "down_proj")
 MLA_NORM_EPS = 1e-6
 ROPE_TYPES = ("default", "yarn")

@@ -23,13 +23,14 @@ from pathlib import Path
 
 from ..checkpoint import Checkpoint
 from ..errors import ConversionError
-from ..ops.moe import emit_moe
+from ..ops.moe import check_expert_plans, emit_moe, form_note
 from . import llama
 from .base import DecoderHyper
 
 # genai_config model.type: onnxruntime-genai 0.18 has no "mixtral" ("Unsupported model_type"); the graph's inputs and
 # outputs are those of its plain decoder types, and Mixtral's sliding window applies to every layer as Mistral's.
 MODEL_TYPES = {"MixtralForCausalLM": "mistral"}
+MOE_FAMILY = True  # tests/test_architecture_coverage.py: tested end to end with 4-bit and MXFP4 experts
 EXPERT_PROJ = ("gate_proj", "up_proj", "down_proj")
 # layout -> (MoE block name under model.layers.{i}, names of the gate/up/down projections of one expert)
 LAYOUTS = {"quark": ("mlp", EXPERT_PROJ), "hf": ("block_sparse_moe", ("w1", "w3", "w2"))}
@@ -91,6 +92,18 @@ def linear_layers(hp: MoEHyper) -> list[tuple[str, int, int, str]]:
 def float_tensors(hp: MoEHyper) -> list[tuple[str, tuple[int, ...]]]:
     routers = [(f"{hp.moe_block(i)}.gate.weight", (hp.num_experts, hp.hidden_size)) for i in range(hp.num_layers)]
     return llama.float_tensors(hp) + routers
+
+
+def check_plans(model_plan) -> None:
+    hp = model_plan.hp
+    check_expert_plans(model_plan.linears, [n for i in range(hp.num_layers) for e in range(hp.num_experts)
+                                            for n in hp.expert_linears(i, e)], str(model_plan.source / "config.json"))
+
+
+def plan_notes(model_plan) -> list[str]:
+    hp, plans = model_plan.hp, model_plan.linears
+    return [form_note(model_plan, {i: [tuple(plans[n] for n in hp.expert_linears(i, e)) for e in range(hp.num_experts)]
+                                   for i in range(hp.num_layers)})]
 
 
 def build_graph(ctx, hp: MoEHyper, plans: dict, attention) -> None:

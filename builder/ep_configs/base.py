@@ -16,6 +16,7 @@ class EPConfig:
     accuracy_level_4bit: int = 0
     accuracy_level_8bit: int = 0
     gqa_kv_quant: frozenset = frozenset()      # cache dtypes GroupQueryAttention quantizes natively ("fp8", "int8")
+    gqa_head_sink: bool = True                 # GroupQueryAttention's head_sink input (attention sinks, gpt-oss)
     fp8_linear: str = "qdq"                    # FP8 linears: qdq | dequantized_weight | matmul_block_fp8 | custom_op
     fp4_linear: str = "matmul_nbits8"          # MXFP4/NVFP4: matmul_nbits8 | native | dq_fp8 | dq_int8 | dense (quant/mxfp4.py)
     fp8_format: str = "e4m3fn"                 # fp8 tensors: e4m3fn | e4m3fnuz (same bits, doubled scales: ops/fnuz.py)

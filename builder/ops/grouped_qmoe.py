@@ -19,7 +19,7 @@ import numpy as np
 
 from ..quant.int_packing import pack_uint_lowfirst
 from ..quant.int_weight_only import IntWeightOnly
-from .moe import _stack_expert
+from .moe import stack_expert
 
 
 def routed_qmoe(ctx, x: str, weights: str, experts: list[tuple], top_k: int, name: str, prefix: str,
@@ -31,9 +31,9 @@ def routed_qmoe(ctx, x: str, weights: str, experts: list[tuple], top_k: int, nam
     for gate, up, down in experts:
         gi, ui, di = (IntWeightOnly.load(p, ctx.ckpt, pack) for p in (gate, up, down))
         n = gi.q.shape[0]
-        q, s, z = _stack_expert([gi, ui], bs)
+        q, s, z = stack_expert([gi, ui], bs)
         order = np.stack([np.arange(n), np.arange(n) + n], axis=1).reshape(-1)  # g0,u0,g1,u1,...
-        for fc, (q_, s_, z_) in (("fc1", (q[order], s[order], z[order])), ("fc2", _stack_expert([di], bs))):
+        for fc, (q_, s_, z_) in (("fc1", (q[order], s[order], z[order])), ("fc2", stack_expert([di], bs))):
             packed[fc][0].append(pack_uint_lowfirst(q_, 4))
             packed[fc][1].append(s_)
             packed[fc][2].append(pack_uint_lowfirst(z_, 4))

@@ -6,7 +6,7 @@ renormalized top-k probabilities (zero for the experts not picked) weight the su
       ─► down_proj_e ─► y_e ;   out = Σ_e  y_e · w[..., e]
 
 As transformers' MixtralSparseMoeBlock at inference: softmax over the router logits in fp32, top-k, renormalize to
-sum 1. Exact (a non-selected expert gets weight 0 exactly), and made only of ops every EP runs; the price is that
+sum 1 (normalize=False, Qwen3-MoE's norm_topk_prob false: the top-k softmax probabilities as they are). Exact (a non-selected expert gets weight 0 exactly), and made only of ops every EP runs; the price is that
 all E experts are computed (E/k times the expert FLOPs of a routed kernel), fine for small models and correctness.
 
 Routed form (routed_moe, the default where routed_block_size() accepts the experts): one com.microsoft QMoE per layer, which
@@ -15,7 +15,9 @@ computes only the k chosen experts per token. Used on the CPU EP when every expe
 intermediate sizes; otherwise (other EPs, 8-bit, float or mixed experts, or --extra_options moe=dense) dense_moe.
 QMoE on onnxruntime 1.32 CPU, as emitted: activation_type="swiglu", swiglu_fusion=1 (fc1 rows interleaved
 g0,u0,g1,u1...; 0 and 2 are refused on CPU), activation_alpha=1, activation_beta=0, normalize_routing_weights=1,
-router_probs = the raw router logits [tokens, E] (softmax, top-k and renormalization happen inside),
+router_probs = the raw router logits [tokens, E] (softmax, top-k and renormalization happen inside; the CPU
+kernel renormalizes even with normalize_routing_weights=0, so normalize=False (Qwen's norm_topk_prob false) passes
+router_weights = softmax(logits) [tokens, E], input 14, whose values at the chosen experts are the mixing weights),
 expert_weight_bits=4, weights_prepacked=0, block_size=bs: weights uint8 [E, N, K/2], scales [E, N, K/bs], packed
 zero points [E, N, ceil(K/bs/2)] in MatMulNBits' per-row layout (signed int4 shifted to unsigned, zero point 8,
 which is also QMoE's default when no zero points are given). Not routed: 8-bit experts (QMoE's CPU 8-bit kernel
@@ -27,8 +29,10 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
+from ..quant.base import LinearPlan
 from ..quant.int_packing import pack_uint_lowfirst
 from ..quant.int_weight_only import BITS, IntWeightOnly
+from ..errors import ConversionError
 from .linear import emit_linear, emit_linears
 
 MOE_FORMS = ("routed", "dense")  # --extra_options moe=...; routed falls back to dense where it does not apply
@@ -36,21 +40,33 @@ ROUTED_EPS = ("cpu",)
 ROUTED_BITS = (4,)
 
 
-def router_weights(ctx, x: str, router_weight: str, top_k: int, name: str, prefix: str) -> str:
-    """x [B,S,H] -> dense routing weights [B,S,E] in the io dtype (renormalized top-k softmax, zeros elsewhere).
-    name: the MoE block's module name, prefix of the constants made here."""
+def router_matmul(ctx, x: str, router, prefix: str) -> str:
+    """x [B,S,H] -> router logits [B,S,E]. router: the name of a float [E, H] tensor (a router that is not an
+    nn.Linear, never quantized: Mixtral) or the LinearPlan of a router Linear, emitted as Quark left it (Qwen-MoE's
+    router once Quark preprocessed it; excluded by its template, but an export may quantize it)."""
+    if isinstance(router, LinearPlan):
+        return emit_linear(ctx, router, x)
+    w_t = ctx.float_initializer(f"{router}.T", router, transpose=True)
+    return ctx.graph.op("MatMul", [x, w_t], f"{prefix}/gate/MatMul")
+
+
+def router_weights(ctx, x: str, router_weight, top_k: int, name: str, prefix: str,
+                   normalize: bool = True) -> str:
+    """x [B,S,H] -> dense routing weights [B,S,E] in the io dtype (top-k softmax, renormalized to sum 1 when
+    `normalize`, zeros elsewhere). name: the MoE block's module name, prefix of the constants made here."""
     g = ctx.graph
-    w_t = ctx.float_initializer(f"{router_weight}.T", router_weight, transpose=True)
-    logits = g.op("MatMul", [x, w_t], f"{prefix}/gate/MatMul")
+    logits = router_matmul(ctx, x, router_weight, prefix)
     if ctx.io_type != TensorProto.FLOAT:  # transformers: softmax(router_logits.float())
         logits = g.op("Cast", [logits], f"{prefix}/gate/Cast", to=TensorProto.FLOAT)
     probs = g.op("Softmax", [logits], f"{prefix}/router/Softmax", axis=-1)
     k = g.const_i64(f"{name}.router.top_k", [top_k])
     top_vals, top_idx = g.node("TopK", [probs, k], f"{prefix}/router/TopK", outputs=2, axis=-1, largest=1,
                                sorted=1)
-    axes = g.const_i64(f"{name}.router.reduce_axes", [-1])
-    total = g.op("ReduceSum", [top_vals, axes], f"{prefix}/router/ReduceSum", keepdims=1)
-    norm = g.op("Div", [top_vals, total], f"{prefix}/router/Div")
+    norm = top_vals
+    if normalize:
+        axes = g.const_i64(f"{name}.router.reduce_axes", [-1])
+        total = g.op("ReduceSum", [top_vals, axes], f"{prefix}/router/ReduceSum", keepdims=1)
+        norm = g.op("Div", [top_vals, total], f"{prefix}/router/Div")
     zeros = g.op("Mul", [probs, g.scalar(f"{name}.router.zero", 0.0, "float32")], f"{prefix}/router/Zeros")
     dense = g.op("ScatterElements", [zeros, top_idx, norm], f"{prefix}/router/ScatterElements", axis=-1)
     if ctx.io_type != TensorProto.FLOAT:
@@ -59,11 +75,11 @@ def router_weights(ctx, x: str, router_weight: str, top_k: int, name: str, prefi
 
 
 def dense_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int, name: str,
-              prefix: str) -> str:
+              prefix: str, normalize: bool = True) -> str:
     """x [B,S,H] -> [B,S,H]. experts: [(gate_plan, up_plan, down_plan), ...] in expert order; name: the block's
     module name (model.layers.0.mlp), prefix: its ONNX node prefix."""
     g = ctx.graph
-    weights = router_weights(ctx, x, router_weight, top_k, name, prefix)
+    weights = router_weights(ctx, x, router_weight, top_k, name, prefix, normalize)
     # every expert's gate and up in one matmul (their Split sizes stay inline: GraphBuilder.const_i64)
     gate_up = emit_linears(ctx, [p for gate, up, _ in experts for p in (gate, up)], x,
                            f"{name}.experts.gate_up_proj", f"{prefix}/experts/gate_up_proj")
@@ -80,30 +96,64 @@ def dense_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int,
     return outs[0] if len(outs) == 1 else g.op("Sum", outs, f"{prefix}/experts/Sum")
 
 
+def check_expert_plans(plans: dict, expert_names: list[str], config_file: str) -> None:
+    """Refuse, before anything is written, the expert quantizations whose Quark numerics the graph cannot follow.
+
+    Dynamic per_channel activations with ch_axis 1 (the PTPC "per token" spec): Quark's expert forward
+    (QuarkExperts, transformers 5) feeds each expert the 2-D [routed tokens, hidden] rows, where axis 1 is the hidden
+    channel, so the "per-token" scale becomes a per-channel amax over the tokens routed to that expert (it depends on
+    the batch and the routing). On the 3-D attention inputs the same spec is per token, as elsewhere."""
+    for name in expert_names:
+        spec = plans[name].spec
+        for t in (spec.input_tensors if spec is not None else ()):
+            if t.is_dynamic and t.qscheme == "per_channel":
+                raise ConversionError("dynamic per-channel (PTPC) activations on MoE experts are not supported: "
+                                      "Quark quantizes each expert's 2-D input per hidden channel over its routed "
+                                      "tokens", file=config_file, layer=name, field=f"{spec.source}.input_tensors",
+                                      value=t.short(), accepted="static or MX activations, or weight-only")
+
+
+def form_note(model_plan, blocks: dict[int, list[tuple]], biases: bool = False) -> str:
+    """One line for `inspect` and the conversion log: how the MoE blocks {layer: experts} will be emitted."""
+    from types import SimpleNamespace
+    ctx = SimpleNamespace(ep=model_plan.ep, options=model_plan.options)
+    routed = {i: routed_block_size(ctx, experts, biases) for i, experts in blocks.items()}
+    shown = [i for i, bs in routed.items() if bs is not None]
+    if len(shown) == len(blocks):
+        return (f"MoE: {len(blocks)} sparse layer(s) as one com.microsoft QMoE each (routed, 4-bit experts, "
+                f"block_size {', '.join(str(b) for b in sorted(set(routed.values())))})")
+    why = ("--extra_options moe=dense" if moe_form(ctx) == "dense" else
+           f"the {model_plan.ep.name} EP" if model_plan.ep.name not in ROUTED_EPS else
+           "experts not all 4-bit integer weight-only with one block size")
+    return (f"MoE: {len(blocks) - len(shown)} of {len(blocks)} sparse layer(s) dense (every expert runs, weighted "
+            f"by the routing) because of {why}")
+
+
 def moe_form(ctx) -> str:
     return ctx.options.extra.get("moe", "routed")  # validated in convert.check_options
 
 
-def routed_block_size(ctx, experts: list[tuple]) -> int | None:
-    """The QMoE block size for these experts, or None when the routed form does not apply to them."""
+def routed_block_size(ctx, experts: list[tuple], biases: bool = False) -> int | None:
+    """The QMoE block size for these experts ((gate, up, down) or (gate_up, down) plans each), or None when the
+    routed form does not apply to them. biases: the caller passes the experts' biases to QMoE (gpt-oss)."""
     if moe_form(ctx) != "routed" or ctx.ep.name not in ROUTED_EPS:
         return None
     plans = [p for expert in experts for p in expert]
-    if any(p.scheme is not IntWeightOnly or p.has_bias for p in plans):
+    if any(p.scheme is not IntWeightOnly or (p.has_bias and not biases) for p in plans):
         return None
     if len({(p.spec.weight[0].dtype, p.spec.weight[0].qscheme, p.spec.weight[0].group_size) for p in plans}) != 1:
         return None
     w = plans[0].spec.weight[0]
     if BITS[w.dtype] not in ROUTED_BITS:
         return None
-    hidden, inter = experts[0][0].in_features, experts[0][2].in_features
+    hidden, inter = experts[0][0].in_features, experts[0][-1].in_features
     groups = (w.group_size, w.group_size) if w.qscheme == "per_group" else (hidden, inter)
     common = int(np.gcd.reduce([*groups, hidden, inter]))
     bs = min(common & -common, 128)  # a power of two dividing every group: the groups' scales are replicated
     return bs if bs >= 16 else None
 
 
-def _stack_expert(iws, bs: int):
+def stack_expert(iws, bs: int):
     """IntWeights of one fc (rows of all parts in order) -> packed weight [N, K/2], scales [N, K/bs], zp packed."""
     q_u, zp_u, scales = [], [], []
     for iw in iws:
@@ -116,7 +166,7 @@ def _stack_expert(iws, bs: int):
 
 
 def routed_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int, name: str, prefix: str,
-               bs: int) -> str:
+               bs: int, normalize: bool = True) -> str:
     """One QMoE node for the block (see the module docstring); bs from routed_block_size()."""
     g = ctx.graph
     pack = ctx.quant.export.pack_method
@@ -124,11 +174,11 @@ def routed_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int
     for gate, up, down in experts:
         gi, ui, di = (IntWeightOnly.load(p, ctx.ckpt, pack) for p in (gate, up, down))
         n = gi.q.shape[0]
-        q, s, z = _stack_expert([gi, ui], bs)
+        q, s, z = stack_expert([gi, ui], bs)
         order = np.stack([np.arange(n), np.arange(n) + n], axis=1).reshape(-1)  # g0,u0,g1,u1,...
         q, s, z = q[order], s[order], z[order]
         fc1_w.append(pack_uint_lowfirst(q, 4)), fc1_s.append(s), fc1_z.append(pack_uint_lowfirst(z, 4))
-        q, s, z = _stack_expert([di], bs)
+        q, s, z = stack_expert([di], bs)
         fc2_w.append(pack_uint_lowfirst(q, 4)), fc2_s.append(s), fc2_z.append(pack_uint_lowfirst(z, 4))
         if ctx.progress:
             for p in (gate, up, down):
@@ -144,27 +194,42 @@ def routed_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int
         else:
             zp2 = z_name
     inputs += ["", "", "", zp1, zp2]  # fc3 weights, scales, bias (fused into fc1); fc1/fc2 zero points
+    if not normalize:  # the CPU kernel renormalizes whatever normalize_routing_weights says (measured on ORT 1.32):
+        # router_weights (input 14) = the full softmax, gathered at the top-k experts, are the mixing weights
+        inputs += ["", _router_softmax(ctx, inputs[1], name, prefix)]
     acc = ctx.options.accuracy_level
     if acc is None:
         acc = ctx.ep.default_accuracy_level(4)
     return g.op("QMoE", inputs, f"{prefix}/QMoE", domain="com.microsoft", k=top_k, activation_type="swiglu",
-                swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0, normalize_routing_weights=1,
+                swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0, normalize_routing_weights=int(normalize),
                 use_sparse_mixer=0, expert_weight_bits=4, block_size=bs, weights_prepacked=0,
                 accuracy_level=acc)
+
+
+def _router_softmax(ctx, logits: str, name: str, prefix: str) -> str:
+    """softmax over every expert's logit (in fp32, as transformers), in the io dtype: QMoE's router_weights."""
+    g = ctx.graph
+    if ctx.io_type != TensorProto.FLOAT:
+        logits = g.op("Cast", [logits], f"{prefix}/router/Cast", to=TensorProto.FLOAT)
+    probs = g.op("Softmax", [logits], f"{prefix}/router/Softmax", axis=-1)
+    if ctx.io_type != TensorProto.FLOAT:
+        probs = g.op("Cast", [probs], f"{prefix}/router/CastBack", to=ctx.io_type)
+    return probs
 
 
 def _router_logits(ctx, x: str, router_weight: str, num_experts: int, name: str, prefix: str) -> str:
     """x [B,S,H] -> router logits [B*S, E] in the io dtype (QMoE wants one row per token)."""
     g = ctx.graph
-    w_t = ctx.float_initializer(f"{router_weight}.T", router_weight, transpose=True)
-    logits = g.op("MatMul", [x, w_t], f"{prefix}/gate/MatMul")
+    logits = router_matmul(ctx, x, router_weight, prefix)
     shape = g.const_i64(f"{name}.router.rows_shape", [-1, num_experts])
     return g.op("Reshape", [logits, shape], f"{prefix}/gate/Reshape")
 
 
-def emit_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int, name: str, prefix: str) -> str:
-    """The MoE block in the form chosen by --extra_options moe (routed where routed_block_size() allows)."""
+def emit_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int, name: str, prefix: str,
+             normalize: bool = True) -> str:
+    """The MoE block in the form chosen by --extra_options moe (routed where routed_block_size() allows).
+    normalize: renormalize the top-k router probabilities to sum 1 (Mixtral; Qwen-MoE's norm_topk_prob)."""
     bs = routed_block_size(ctx, experts)
     if bs is None:
-        return dense_moe(ctx, x, router_weight, experts, top_k, name, prefix)
-    return routed_moe(ctx, x, router_weight, experts, top_k, name, prefix, bs)
+        return dense_moe(ctx, x, router_weight, experts, top_k, name, prefix, normalize)
+    return routed_moe(ctx, x, router_weight, experts, top_k, name, prefix, bs, normalize)

@@ -9,9 +9,11 @@ from .fp8_w8a8 import Fp8W8A8
 from .int8_w8a8 import Int8W8A8
 from .int_weight_only import IntWeightOnly
 from .mxfp4 import Mxfp4Linear
+from .mxfp4_fp8 import Mxfp4Fp8Linear
 from .nvfp4 import Nvfp4Linear
 
-SCHEMES: list[type[Scheme]] = [FloatLinear, IntWeightOnly, Fp8W8A8, Int8W8A8, Mxfp4Linear, Nvfp4Linear]
+SCHEMES: list[type[Scheme]] = [FloatLinear, IntWeightOnly, Fp8W8A8, Int8W8A8, Mxfp4Linear, Mxfp4Fp8Linear,
+                               Nvfp4Linear]
 
 
 def register(scheme: type[Scheme]) -> type[Scheme]:
