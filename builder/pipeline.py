@@ -31,6 +31,16 @@ def worker_count() -> int:
 _POOL: ThreadPoolExecutor | None = None
 
 
+def _forget_pool() -> None:
+    """A forked child inherits the pool object but not its threads: work submitted there would never run."""
+    global _POOL
+    _POOL = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _pool() -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None:
