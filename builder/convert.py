@@ -80,14 +80,16 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
     own = ckpt is None
     ckpt = ckpt or Checkpoint(source)
     try:
-        return _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, ep, io, options), ckpt
+        return _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, ep, io, options,
+                            library_kernels), ckpt
     except BaseException:
         if own:  # the shard fds are opened with the headers
             ckpt.close()
         raise
 
 
-def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, ep, io, options) -> ModelPlan:
+def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, ep, io, options,
+                 library_kernels=()) -> ModelPlan:
     check_layer_count(ckpt, hp.num_layers, config_file)
     for tensor, shape in family.float_tensors(hp):
         check_float_tensor(ckpt, tensor, shape)
