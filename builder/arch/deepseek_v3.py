@@ -20,7 +20,6 @@ transformers. The q_a/kv_a norms use eps 1e-6 whatever rms_norm_eps says (Deepse
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -34,7 +33,7 @@ from ..ops.grouped_topk_router import grouped_topk_weights
 from ..ops.mlp import silu_mlp
 from ..ops.moe import routed_block_size
 from ..ops.norm import rms_norm, skip_rms_norm
-from ..ops.rotary import inv_frequencies
+from ..ops.rotary import cos_sin_caches, yarn_mscale
 from ..quant.fp8_w8a8 import scalar_scale
 from . import llama
 from .base import DecoderHyper
@@ -66,7 +65,6 @@ class DeepseekHyper(DecoderHyper):
     v_head_dim: int = 0
     rope_interleave: bool = True
     softmax_scale: float = 1.0
-    rope_attention_factor: float = 1.0   # yarn: cos/sin are multiplied by it (transformers' attention_scaling)
     mla_norm_eps: float = MLA_NORM_EPS
     num_experts: int = 0
     experts_per_token: int = 0
@@ -101,40 +99,6 @@ def rope_config(cfg: dict, config_file: str) -> tuple[float, dict | None]:
         raise ConversionError("rope type not supported for DeepSeek-V3", file=config_file, field=field,
                               value=rope_type, accepted=", ".join(ROPE_TYPES))
     return theta, (None if rope_type == "default" else dict(scaling, rope_type=rope_type))
-
-
-def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def yarn_inv_frequencies(dim: int, theta: float, scaling: dict, max_positions: int) -> tuple[np.ndarray, float]:
-    """transformers 5 _compute_yarn_parameters: blended inverse frequencies and the cos/sin attention factor."""
-    factor = scaling.get("factor")
-    original = float(scaling["original_max_position_embeddings"])
-    if factor is None:
-        factor = max_positions / original
-    factor = float(factor)
-    attention_factor = scaling.get("attention_factor")
-    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
-    if attention_factor is None:
-        attention_factor = (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all) if mscale and mscale_all
-                            else yarn_mscale(factor))
-    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
-
-    def correction_dim(rotations):
-        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
-
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if scaling.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001
-    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
-    pos_freqs = theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
-    extrapolation = 1 - ramp
-    inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
-    return inv.astype(np.float64), float(attention_factor)
 
 
 def refine_hyper(cfg: dict, hp: DecoderHyper, config_file: str) -> DeepseekHyper:
@@ -181,22 +145,23 @@ def refine_hyper(cfg: dict, hp: DecoderHyper, config_file: str) -> DeepseekHyper
     scale = float(cfg.get("routed_scaling_factor", 1.0))
     theta, scaling = rope_config(cfg, config_file)
     qk = nope + rope_dim
-    softmax_scale, attention_factor = qk ** -0.5, 1.0
+    softmax_scale = qk ** -0.5
     if scaling is not None:  # yarn; transformers' yarn_apply_mscale, then cos/sin times the attention factor
         if "original_max_position_embeddings" not in scaling:
             raise ConversionError("yarn rope needs original_max_position_embeddings", file=config_file,
                                   field="rope_parameters.original_max_position_embeddings", value=None)
+        if scaling.get("factor") is None:  # transformers: max_position_embeddings / original
+            scaling = dict(scaling, factor=hp.max_positions / float(scaling["original_max_position_embeddings"]))
         if scaling.get("mscale_all_dim"):
             m = yarn_mscale(float(scaling["factor"]), float(scaling["mscale_all_dim"]))
             softmax_scale *= m * m
-        _, attention_factor = yarn_inv_frequencies(rope_dim, theta, scaling, hp.max_positions)
     base = {f.name: getattr(hp, f.name) for f in fields(DecoderHyper)}
     base.update(head_dim=max(qk, v_dim), num_kv_heads=hp.num_heads, rope_theta=theta, rope_scaling=scaling,
                 partial_rotary_factor=1.0, sliding_window=-1, windowed_layers=None)
     return DeepseekHyper(**base, q_lora_rank=q_lora, kv_lora_rank=kv_lora, qk_nope_head_dim=nope,
                          qk_rope_head_dim=rope_dim, v_head_dim=v_dim,
                          rope_interleave=bool(cfg.get("rope_interleave", True)), softmax_scale=softmax_scale,
-                         rope_attention_factor=attention_factor, num_experts=experts, experts_per_token=top_k,
+                         num_experts=experts, experts_per_token=top_k,
                          n_group=n_group, topk_group=topk_group, norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
                          routed_scaling_factor=scale, n_shared_experts=shared, moe_intermediate_size=moe_inter,
                          first_k_dense_replace=min(first_dense, layers))
@@ -309,13 +274,7 @@ def plan_attention(model_plan, ckpt) -> MlaPlan:
 
 def rope_caches(hp: DeepseekHyper, config_file: str) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin [max_positions, r/2] (times yarn's attention factor, as transformers scales cos/sin)."""
-    if hp.rope_scaling is None:
-        inv = inv_frequencies(hp.qk_rope_head_dim, hp.rope_theta, None, config_file)
-    else:
-        inv, _ = yarn_inv_frequencies(hp.qk_rope_head_dim, hp.rope_theta, hp.rope_scaling, hp.max_positions)
-    angles = np.outer(np.arange(hp.max_positions, dtype=np.float64), inv)
-    return ((np.cos(angles) * hp.rope_attention_factor).astype(np.float32),
-            (np.sin(angles) * hp.rope_attention_factor).astype(np.float32))
+    return cos_sin_caches(hp.qk_rope_head_dim, hp.max_positions, hp.rope_theta, hp.rope_scaling, config_file)
 
 
 def build_graph(ctx, hp: DeepseekHyper, plans: dict, attention: MlaPlan) -> None:

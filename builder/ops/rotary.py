@@ -62,20 +62,21 @@ def _yarn_inv_frequencies(inv: np.ndarray, rotary_dim: int, theta: float, scalin
     return inv / factor * (1 - extrapolation) + inv * extrapolation
 
 
+def yarn_mscale(scale: float, m: float = 1.0) -> float:
+    """transformers' get_mscale (modeling_rope_utils.py _compute_yarn_parameters)."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
 def rope_attention_factor(scaling: dict | None) -> float:
     """The factor transformers multiplies cos and sin by (yarn: attention_factor, else from factor / mscale)."""
     if (scaling or {}).get("rope_type", (scaling or {}).get("type")) != "yarn":
         return 1.0
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     factor = float(scaling["factor"])
     if scaling.get("mscale") and scaling.get("mscale_all_dim"):
-        return mscale(factor, float(scaling["mscale"])) / mscale(factor, float(scaling["mscale_all_dim"]))
-    return mscale(factor)
+        return yarn_mscale(factor, float(scaling["mscale"])) / yarn_mscale(factor, float(scaling["mscale_all_dim"]))
+    return yarn_mscale(factor)
 
 
 def cos_sin_caches(rotary_dim: int, max_positions: int, theta: float, scaling: dict | None,
