@@ -21,7 +21,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--cache_dir", default=None, help="unused; accepted for onnxruntime-genai CLI parity")
     p.add_argument("--extra_options", nargs="*", default=[], metavar="KEY=VALUE",
                    help="accuracy_level=N, fp8_attention=auto|off, kv_cache=auto|emulate|native|off, "
-                        "mx_activations=emulate|skip, custom_ops_library=PATH")
+                        "mx_activations=emulate|skip, fp8_linear=..., fp4_linear=..., "
+                        "int8_linear=dequantized_weight|qdq (INT8 W8A8; CPU default dequantized_weight: fp32 GEMM, "
+                        "the same logits on every CPU; qdq lets ORT CPU fuse an integer GEMM, faster but on x86 "
+                        "CPUs without VNNI its u8s8 kernel saturates and the logits drift), "
+                        "custom_ops_library=PATH")
     p.add_argument("--verbose", action="store_true", help="show tracebacks")
 
 

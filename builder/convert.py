@@ -20,6 +20,7 @@ from .graph import GraphBuilder
 from .ops.moe import MOE_FORMS
 from .quant import LinearPlan, scheme_for
 from .quant.fp8_w8a8 import FP8_LINEAR_FORMS
+from .quant.int8_w8a8 import INT8_LINEAR_FORMS
 from .quant.mxfp4 import FP4_LINEAR_METHODS, MX_ACTIVATION_OPTIONS
 from .quark_reader import QuarkConfig, read_model_config
 
@@ -95,9 +96,9 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
     return model_plan, ckpt
 
 
-# --extra_options that choose among a fixed set of forms, with the values each takes. The first two override the
+# --extra_options that choose among a fixed set of forms, with the values each takes. The first three override the
 # EP profile's field of the same name.
-EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "fp4_linear": FP4_LINEAR_METHODS}
+EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "int8_linear": INT8_LINEAR_FORMS, "fp4_linear": FP4_LINEAR_METHODS}
 OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS}
 
 

@@ -17,6 +17,7 @@ class EPConfig:
     accuracy_level_8bit: int = 0
     gqa_kv_quant: frozenset = frozenset()      # cache dtypes GroupQueryAttention quantizes natively ("fp8", "int8")
     fp8_linear: str = "qdq"                    # FP8 linears: qdq | dequantized_weight | matmul_block_fp8 (quant/fp8_w8a8.py)
+    int8_linear: str = "qdq"                   # INT8 W8A8 linears: qdq | dequantized_weight (quant/int8_w8a8.py)
     fp4_linear: str = "matmul_nbits8"          # MXFP4/NVFP4 weights: matmul_nbits8 | native | dq_fp8 (quant/mxfp4.py)
     fp4_accuracy_level: int = 1                # MatMulNBits accuracy_level of the 8-bit FP4 re-encoding (docs/fp4.md)
     custom_ops_backend: str | None = None      # cpu | cuda | hip: which custom_ops library build applies
