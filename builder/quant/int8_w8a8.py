@@ -3,15 +3,17 @@ zero point (Quark's `int8` template, SmoothQuant-style exports).
 
 Tensors (quark_format.md section 2): weight int8/uint8 [out, in]; weight_scale [] or [out] (float32 in the template);
 weight_zero_point [] or [out]; input_scale []; input_zero_point [] (int8 or uint8, 0 when symmetric).
-Quark's numerics: q = clamp(round_half_even(x / s) + zp), x_q = (q - zp) * s, the same for W.
+Quark's numerics: q = clamp(round_half_even(x * fp32(1 / s)) + zp), x_q = (q - zp) * s (PyTorch's
+fake_quantize_per_tensor_affine, which Quark's CPU path calls: quark/torch/kernel/hw_emulation/hw_emulation_interface.py
+fake_quantize_int_per_tensor_affine); weights W = (q_w - zp_w) * s_w.
 
 Emitted per EP (EPConfig.int8_linear, --extra_options int8_linear=...):
   dequantized_weight (CPU default):
-    x ─► QuantizeLinear(s_x, zp_x) ─► DequantizeLinear ─► MatMul ◄─ fp32 initializer (q_w - zp_w) * s_w  [in, out]
+    x ─► Mul(1/s_x) ─► QuantizeLinear(1, zp_x) ─► DequantizeLinear(s_x, zp_x) ─► MatMul ◄─ fp32 (q_w - zp_w) * s_w
     Only the activation is Q/DQ'd, so ORT has no DQ·DQ MatMul to fuse: the GEMM is float, and the logits are the
     same on every CPU ((q - zp) * s is the correctly rounded fp32 product DequantizeLinear computes).
   qdq (GPU EPs; opt-in on CPU):
-    x ─► QuantizeLinear(s_x, zp_x) ─► DequantizeLinear ─► MatMul ◄─ DequantizeLinear(int8 W.T [in,out], s_w, zp_w)
+    x ─► Mul(1/s_x) ─► Q(1, zp_x) ─► DQ(s_x, zp_x) ─► MatMul ◄─ DequantizeLinear(int8 W.T [in,out], s_w, zp_w)
     ORT CPU fuses this into MatMulIntegerToFloat (integer GEMM); MIGraphX's simplify_qdq into an INT8 quant_dot.
     On x86 CPUs without AVX-VNNI / AVX512-VNNI, ORT's u8s8 integer kernel (MLAS, pmaddubsw) adds int8 products in
     int16 pairs with saturation: logits then depend on the CPU (measured on an AVX2 machine: max logit difference
@@ -122,8 +124,16 @@ class Int8W8A8(Scheme):
             w_t = g.initializer(f"{base}.weight.T", np.ascontiguousarray(w.T.astype(ctx.io_np)))
         else:
             w_t = weight_dq(ctx, base, q.T, scale, wzp, f"{pre}/weight_dq")
-        s = g.scalar(f"{base}.input_scale.q", float(ckpt.get_scale(f"{base}.input_scale").reshape(())), ctx.io_np)
+        s_x = np.float32(ckpt.get_scale(f"{base}.input_scale").reshape(()))
+        s = g.scalar(f"{base}.input_scale.q", float(s_x), ctx.io_np)
         zp = g.initializer(f"{base}.input_zero_point.q",
                            cls._zp(ckpt, f"{base}.input_zero_point", a.dtype, 1).reshape(()))
-        xq = dequantize(ctx, quantize(ctx, x, s, zp, f"{pre}/input_quant"), s, zp, f"{pre}/input_quant")
+        # Quark's int8 fake quantizer is torch.fake_quantize_per_tensor_affine: round(x * (1/s)) with 1/s rounded to
+        # fp32 first (not x / s, which QuantizeLinear computes). The two differ in the last bit for some x, and on a
+        # real model those flipped roundings compound layer by layer (measured: SmolLM2-135M W8A8, x / s gives
+        # ppl -1.8 % and top-1 0.58 against Quark; x * (1/s) is bit-identical in a PyTorch emulation).
+        inv = g.scalar(f"{base}.input_scale.reciprocal", float(np.float32(1.0) / s_x), ctx.io_np)
+        one = g.scalar(f"{base}.input_scale.unit", 1.0, ctx.io_np)
+        xs = g.op("Mul", [x, inv], f"{pre}/input_quant/Mul_reciprocal")
+        xq = dequantize(ctx, quantize(ctx, xs, one, zp, f"{pre}/input_quant"), s, zp, f"{pre}/input_quant")
         return g.op("MatMul", [xq, w_t], f"{pre}/MatMul")
