@@ -143,7 +143,8 @@ def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precis
         ctx = EmitContext(graph, ckpt, plan.ep, plan.io, plan.options, plan.quant, notes=plan.notes)
         _emit_with_progress(ctx, plan, log)
         t1 = time.perf_counter()
-        graph.finish(tmp / "model.onnx", metadata={"quark_onnx.ep": plan.ep.name, "quark_onnx.io": plan.io})
+        graph.finish(tmp / "model.onnx", metadata={"quark_onnx.ep": plan.ep.name, "quark_onnx.io": plan.io,
+                                                   ACCURACY_LEVEL_KEY: accuracy_levels(graph.nodes)})
         lib = _bundle_custom_ops_library(plan.options.custom_ops_library, tmp)
         write_genai_config(build_genai_config(plan.hp, plan.ep, plan.source, decoder_extras=plan.decoder_extras,
                                               custom_ops_library=lib, search_extras=plan.search_extras), tmp)
@@ -166,6 +167,16 @@ def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precis
         log(f"note: {note}")
     log(f"done: {output} in {time.perf_counter() - t0:.1f}s")
     return plan
+
+
+ACCURACY_LEVEL_KEY = "quark_onnx.accuracy_level"  # model metadata; `verify` prints it
+
+
+def accuracy_levels(nodes) -> str:
+    """The accuracy_level(s) of the built MatMulNBits / QMoE nodes: "4", "1,4", or "none" (no such node)."""
+    levels = sorted({a.i for n in nodes if n.op_type in ("MatMulNBits", "QMoE")
+                     for a in n.attribute if a.name == "accuracy_level"})
+    return ",".join(map(str, levels)) if levels else "none"
 
 
 def _emit_with_progress(ctx: EmitContext, plan: ModelPlan, log) -> None:

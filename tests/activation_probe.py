@@ -5,6 +5,8 @@ capture(export_dir, modules, ids) runs the importer model once over `ids` and re
 its input x and Quark's fake-quantized input (input_quantizer(x)). compare(...) runs the ONNX subgraph that the
 builder emits for that scheme (MXFP4 / NVFP4: ops/mx_activation.py; PTPC / dynamic FP8: ops/qdq.fp8_dynamic_unit
 followed by the per-token rescale) on x and reports how many elements differ and by how much.
+capture_linears / onnx_linear do the same for whole linears: Quark's QParamsLinear forward vs the scheme's own ONNX
+emit (activation quantization + weight + GEMM) on the same real input.
 CLI: python tests/activation_probe.py EXPORT_DIR [--modules N]   (prints one line per module)
 """
 from __future__ import annotations
@@ -104,3 +106,51 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------------ whole linears
+
+def capture_linears(export_dir: Path, module_names: list[str], ids: np.ndarray) -> dict:
+    """{module: (x, quark_y)}: each named QParamsLinear's input and its full Quark forward (input quantizer, weight
+    dequantization, F.linear) on real activations, from one importer forward over `ids`."""
+    import torch
+    from quark.torch import import_model_from_safetensors
+
+    model = import_model_from_safetensors(None, str(export_dir / "quark"), device="cpu").float().eval()
+    found, hooks = {}, []
+    for name, mod in model.named_modules():
+        if name in module_names:
+            def hook(m, args, out, name=name):
+                found[name] = (args[0].detach().float().numpy().copy(), out.detach().float().numpy().copy())
+            hooks.append(mod.register_forward_hook(hook))
+    with torch.no_grad():
+        model(input_ids=torch.from_numpy(ids.reshape(1, -1).astype(np.int64)), use_cache=False)
+    for h in hooks:
+        h.remove()
+    del model
+    return found
+
+
+def onnx_linear(export_dir: Path, name: str, x: np.ndarray, tmp: Path, options=None) -> np.ndarray:
+    """The builder's ONNX form of one linear (its scheme's emit, CPU EP, fp32 io), run by ORT CPU on x."""
+    import onnxruntime as ort
+
+    from builder.convert import plan_model
+    from builder.emit_context import EmitContext
+    from builder.graph import IO_DTYPES, GraphBuilder
+
+    plan, ckpt = plan_model(export_dir / "quark", "cpu", "fp32", options)
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        g = GraphBuilder(tmp / "linear.onnx.data")
+        ctx = EmitContext(g, ckpt, plan.ep, plan.io, plan.options, plan.quant)
+        lp = plan.linears[name]
+        xin = g.input("x", IO_DTYPES["fp32"], list(x.shape))
+        y = lp.scheme.emit(ctx, lp, xin)
+        g.node("Identity", [y], "/probe/out", outputs=["y"])
+        g.output("y", IO_DTYPES["fp32"], list(x.shape[:-1]) + [lp.out_features])
+        g.finish(tmp / "linear.onnx")
+    finally:
+        ckpt.close()
+    sess = ort.InferenceSession(str(tmp / "linear.onnx"), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]

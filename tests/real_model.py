@@ -178,7 +178,8 @@ def _noise_floor_logits(model, eval_ids):
 
     gen = torch.Generator().manual_seed(0)
     hooks = [m.register_forward_hook(lambda _m, _a, o: o * (1 + torch.randn(o.shape, generator=gen) * 2.0 ** -23))
-             for m in model.modules() if hasattr(m, "_get_qweight")]
+             for m in model.modules()
+             if hasattr(m, "_get_qweight") or getattr(m, "_weight_quantizer", None) is not None]
     try:
         with torch.no_grad():
             return model(input_ids=eval_ids, use_cache=False).logits[0].float().numpy()
@@ -215,12 +216,19 @@ def make_one(root: Path, recipe: QuantRecipe) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
         if (float_dir / name).is_file():
             shutil.copy(float_dir / name, out / "quark" / name)
-    del model, quantizer
-    gc.collect()
     t_export, c_export = time.time() - t0 - t_quant, time.process_time() - c0 - c_quant
-
-    ref = import_model_from_safetensors(None, str(out / "quark"), device="cpu").float().eval()
-    _memoize_weights(ref)
+    if recipe.attention_scheme:
+        # amd-quark 0.13's importer cannot build the softmax quantizer on CPU (prepare_for_attention_quant ->
+        # StaticScaledRealQuantizer(device="cuda"): "Torch not compiled with CUDA enabled"): the reference is the
+        # frozen in-memory model that was just exported, Quark's own fake-quantized forward.
+        ref, reference_kind = model, "frozen in-memory Quark model (the importer needs CUDA for attention_scheme)"
+    else:
+        del model
+        gc.collect()
+        ref = import_model_from_safetensors(None, str(out / "quark"), device="cpu").float().eval()
+        _memoize_weights(ref)
+        reference_kind = "quark.torch.import_model_from_safetensors"
+    del quantizer
     eval_ids = tokenizer(EVAL_TEXT, return_tensors="pt").input_ids.to(torch.long)
     with torch.no_grad():
         logits = ref(input_ids=eval_ids, use_cache=False).logits[0].float().numpy()
@@ -233,7 +241,7 @@ def make_one(root: Path, recipe: QuantRecipe) -> Path:
                                                     for i, p in enumerate(prompts)})
     del ref
     gc.collect()
-    info = dict(recipe=dataclasses.asdict(recipe), version=REAL_VERSION,
+    info = dict(recipe=dataclasses.asdict(recipe), version=REAL_VERSION, reference=reference_kind,
                 seconds=dict(quantize=round(t_quant, 1), export=round(t_export, 1),
                              reference=round(time.time() - t0 - t_quant - t_export, 1)),
                 cpu_seconds=dict(quantize=round(c_quant, 1), export=round(c_export, 1),
