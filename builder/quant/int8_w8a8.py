@@ -15,9 +15,10 @@ Emitted per EP (EPConfig.int8_linear, --extra_options int8_linear=...):
   qdq (GPU EPs; opt-in on CPU):
     x ─► Mul(1/s_x) ─► Q(1, zp_x) ─► DQ(s_x, zp_x) ─► MatMul ◄─ DequantizeLinear(int8 W.T [in,out], s_w, zp_w)
     ORT CPU fuses this into MatMulIntegerToFloat (integer GEMM); MIGraphX's simplify_qdq into an INT8 quant_dot.
-    On x86 CPUs without AVX-VNNI / AVX512-VNNI, ORT's u8s8 integer kernel (MLAS, pmaddubsw) adds int8 products in
-    int16 pairs with saturation: logits then depend on the CPU (measured on an AVX2 machine: max logit difference
-    0.15-0.26 on tiny models, perplexity +17.7 % on a 135M model; 7e-7 with graph optimizations off).
+    On x86 CPUs without AVX-VNNI / AVX512-VNNI, ORT's u8s8 integer kernel (MLAS qgemm_kernel_avx2.cpp, the U8S8
+    AVX2 path built on vpmaddubsw) adds int8 products in int16 pairs with saturation: the logits then depend on the
+    CPU (issue #11, measured on an AVX2-only machine: max logit difference 0.15-0.26 on the tiny test models,
+    perplexity +17.7 % on a 135M model; 7e-7 with graph optimizations off). Not reproducible on a VNNI machine.
 """
 from __future__ import annotations
 
