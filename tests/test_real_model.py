@@ -12,8 +12,8 @@ what another summation order does):
   +8 %, top-1 0.43). No runtime that does not sum in PyTorch's order can agree with Quark end to end to 0.5 % there.
   So each linear is checked on its own, on real activations: the builder's ONNX form of the linear (activation
   quantization + weight + GEMM, from the scheme's own emit) against Quark's QParamsLinear forward on the same input
-  must agree to fp32 roundoff (rel. L2 < LINEAR_REL_TOL; measured 1.4e-7 to 3.6e-7). That catches a wrong scale
-  rounding, axis, zero point or a saturating integer kernel at once. End to end they must stay inside the noise floor.
+  must agree to fp32 roundoff (rel. L2 < LINEAR_REL_TOL; measured 0 to 2.6e-7). That catches a wrong scale rounding,
+  amax axis, zero point or x/s-vs-x*(1/s) at once. End to end they must stay inside the noise floor.
 The exports are made once (one Quark subprocess for all schemes) and cached under QO_FIXTURE_CACHE/real.
 """
 from __future__ import annotations
@@ -101,4 +101,5 @@ def test_real_model_end_to_end_within_noise_floor(real_exports, name, tmp_path):
     floor = abs(r["floor_ppl_rel"])
     # well-conditioned: the issue's bounds; chaotic: no further from Quark than one ulp of noise moves Quark itself
     assert abs(r["ppl_rel"]) < max(PPL_REL_TOL, 1.5 * floor), r
-    assert r["top1"] >= min(TOP1_MIN, r["floor_top1"] - 0.05), r
+    # the floor is one noise draw and the ONNX run another (its GEMMs sum in the CPU's order): 0.1 of slack in top-1
+    assert r["top1"] >= min(TOP1_MIN, r["floor_top1"] - 0.1), r
