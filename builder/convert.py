@@ -29,6 +29,7 @@ from .quant import LinearPlan, scheme_for
 from .quant.float_int8 import LM_HEAD_FORMS, FloatToInt8Linear
 from .quant.float_linear import FloatLinear
 from .quant.fp8_w8a8 import FP8_LINEAR_FORMS
+from .quant.int8_w8a8 import INT8_LINEAR_FORMS
 from .quant.mxfp4 import FP4_LINEAR_METHODS, MX_ACTIVATION_OPTIONS
 from .quark_reader import QuarkConfig, read_model_config
 
@@ -179,9 +180,9 @@ def read_generation_config(source: Path) -> dict:
     return gen
 
 
-# --extra_options that choose among a fixed set of forms, with the values each takes. The first two override the
+# --extra_options that choose among a fixed set of forms, with the values each takes. The first three override the
 # EP profile's field of the same name.
-EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "fp4_linear": FP4_LINEAR_METHODS}
+EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "int8_linear": INT8_LINEAR_FORMS, "fp4_linear": FP4_LINEAR_METHODS}
 OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS, "lm_head": LM_HEAD_FORMS}
 
 
@@ -258,7 +259,8 @@ def _write_output(plan: ModelPlan, ckpt: Checkpoint, graph: GraphBuilder, tmp: P
     ctx = EmitContext(graph, ckpt, plan.ep, plan.io, plan.options, plan.quant, notes=plan.notes)
     _emit_with_progress(ctx, plan, log)
     t1 = time.perf_counter()
-    graph.finish(tmp / "model.onnx", metadata={"quark_onnx.ep": plan.ep.name, "quark_onnx.io": plan.io})
+    graph.finish(tmp / "model.onnx", metadata={"quark_onnx.ep": plan.ep.name, "quark_onnx.io": plan.io,
+                                               ACCURACY_LEVEL_KEY: accuracy_levels(graph.nodes)})
     lib = _bundle_custom_ops_library(plan.options.custom_ops_library, tmp)
     write_genai_config(build_genai_config(plan.hp, plan.ep, plan.source, decoder_extras=plan.decoder_extras,
                                           custom_ops_library=lib, search_extras=plan.search_extras,
@@ -275,6 +277,16 @@ def _write_output(plan: ModelPlan, ckpt: Checkpoint, graph: GraphBuilder, tmp: P
     if validate:
         from .validate import validate_model
         log(validate_model(tmp, output, plan.hp.vocab_size, plan.hp.bos_token_id, lib))
+
+
+ACCURACY_LEVEL_KEY = "quark_onnx.accuracy_level"  # model metadata; `verify` prints it
+
+
+def accuracy_levels(nodes) -> str:
+    """The accuracy_level(s) of the built MatMulNBits / QMoE nodes: "4", "1,4", or "none" (no such node)."""
+    levels = sorted({a.i for n in nodes if n.op_type in ("MatMulNBits", "QMoE")
+                     for a in n.attribute if a.name == "accuracy_level"})
+    return ",".join(map(str, levels)) if levels else "none"
 
 
 def _emit_with_progress(ctx: EmitContext, plan: ModelPlan, log) -> None:

@@ -99,6 +99,11 @@ OPTIONS: dict[str, Option] = {
                              "MXFP4/NVFP4 dynamic activation quantization: emulate|skip"),
     "fp8_linear": Option(_choices_of(("builder.quant.fp8_w8a8", "FP8_LINEAR_FORMS")),
                          lambda plan: _has_dtype(plan, "fp8"), "FP8 W8A8 linear form (overrides the EP profile)"),
+    "int8_linear": Option(_choices_of(("builder.quant.int8_w8a8", "INT8_LINEAR_FORMS")),
+                          lambda plan: _has_dtype(plan, "int8", "uint8", slot="input_tensors"),
+                          "INT8 W8A8 linear form: dequantized_weight (CPU default: fp32 GEMM, the same logits on "
+                          "every CPU) | qdq (ORT CPU fuses an integer GEMM: faster, but on x86 CPUs without VNNI its "
+                          "u8s8 kernel saturates and the logits drift)"),
     "fp4_linear": Option(_choices_of(("builder.quant.mxfp4", "FP4_LINEAR_METHODS")), _has_fp4,
                          "FP4 weight form (overrides the EP profile)"),
     "fuse_projections": Option(choice("0", "1", "true", "false", convert=lambda t: t in ("1", "true")),

@@ -272,7 +272,8 @@ def run_verify(onnx_dir: str, reference: str, *, float_reference: str | None = N
     onnx_tokens = [onnx_greedy(og_model, p, new_tokens) for p in prompt_ids]
     result = dict(onnx_dir=str(onnx_dir), tokens_evaluated=int(text_ids.size), new_tokens=new_tokens,
                   prompts=len(prompt_ids), onnx=dict(perplexity=perplexity(onnx_logits, text_ids),
-                                                     greedy_tokens=onnx_tokens),
+                                                     greedy_tokens=onnx_tokens,
+                                                     accuracy_level=built_accuracy_level(onnx_dir)),
                   references={})
     for name, directory in references.items():
         model, reason = load_torch_model(directory)
@@ -297,6 +298,18 @@ def run_verify(onnx_dir: str, reference: str, *, float_reference: str | None = N
     return result
 
 
+def built_accuracy_level(onnx_dir: str) -> str:
+    """The MatMulNBits accuracy_level the model was built with (model metadata written by the converter), or
+    "unknown" for a model built elsewhere."""
+    import onnx
+
+    path = Path(onnx_dir) / "model.onnx"
+    if not path.is_file():
+        return "unknown"
+    props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    return props.get("quark_onnx.accuracy_level", "unknown")
+
+
 def format_table(result: dict) -> str:
     columns = ["onnx"] + [f"torch {name}" for name in result["references"]]
     rows = [("perplexity", [result["onnx"]["perplexity"]] + [r.get("perplexity") for r in result["references"].values()])]
@@ -311,7 +324,10 @@ def format_table(result: dict) -> str:
             return f"{100 * value:.1f}%"
         return f"{value:.4g}"
 
+    level = result["onnx"].get("accuracy_level", "unknown")
+    level_note = {"none": "none (no MatMulNBits)", "unknown": "unknown (no quark_onnx metadata)"}.get(level, level)
     lines = [f"{result['tokens_evaluated']} text tokens, {result['prompts']} prompts x {result['new_tokens']} new tokens",
+             f"built with MatMulNBits accuracy_level: {level_note}",
              f"{'':20}" + "".join(f"{c:>16}" for c in columns)]
     lines += [f"{label:20}" + "".join(f"{cell(v, label):>16}" for v in values) for label, values in rows]
     lines += [f"torch {name}: skipped ({r['skipped']})" for name, r in result["references"].items() if "skipped" in r]

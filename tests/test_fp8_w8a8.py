@@ -25,7 +25,7 @@ from builder.emit_context import BuildOptions
 from builder.errors import ConversionError
 
 FP8_RECIPES = ("fp8_w8a8_kv", "fp8_w8a8_kv_attn", "ptpc_fp8")
-QUARK_EXPORTS = [("llama_h64", r) for r in FP8_RECIPES]
+QUARK_EXPORTS = [("llama_h64", r) for r in FP8_RECIPES] + [("llama_h64", "fp8_w8a8")]
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,14 @@ def test_fp8_cpu_matches_quark_emulation(exports, recipe, tmp_path):
     assert r["greedy"] == r["emu_greedy"], r
     if recipe == "ptpc_fp8":  # no exported scale differs from Quark's in-memory ones
         assert r["greedy"] == r["quark_greedy"], r
+
+
+def test_fp8_static_without_kv_matches_quark_emulation(quark_exports, tmp_path):
+    """Static FP8 W8A8 with no KV-cache or attention quantization (Quark's plain `fp8` template)."""
+    r = cpu_vs_references(quark_exports("llama_h64", "fp8_w8a8"), tmp_path / "cpu")
+    assert r["vs_emulation"] < TOL_VS_EMULATION, r
+    assert r["vs_quark_in_memory"] < TOL_VS_EMULATION, r
+    assert r["greedy"] == r["emu_greedy"] == r["quark_greedy"], r
 
 
 def test_qdq_form_equals_cpu_form(exports, tmp_path):

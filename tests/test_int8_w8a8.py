@@ -1,6 +1,9 @@
 """INT8 W8A8 (Quark `int8` template: int8 per-tensor weights, static per-tensor int8 activations): converted QDQ graph
 vs a PyTorch emulation of Quark's fake quantization (tests/w8a8_emulation.py), og.Generator greedy decoding,
-emitted op types per EP, and ORT CPU's fusion into the integer path.
+emitted op types per EP, and which GEMM ORT CPU runs for each form.
+CPU default (int8_linear=dequantized_weight): only the activation is Q/DQ'd, the weight is an fp32 initializer, so ORT
+runs a float MatMul on every CPU; the opt-in qdq form is fused into MatMulIntegerToFloat, whose u8s8 kernel saturates
+on x86 CPUs without VNNI (builder/quant/int8_w8a8.py).
 Measured max |logit difference| ONNX cpu vs emulation: 8e-7 (llama_h64 fp32).
 """
 from __future__ import annotations
@@ -26,24 +29,51 @@ def test_int8_cpu_matches_quark_emulation(export, tmp_path):
     assert r["greedy"] == r["emu_greedy"] == r["quark_greedy"], r
 
 
-@pytest.mark.parametrize("ep", ["cpu", "cuda", "migraphx"])
-def test_int8_emitted_ops(export, ep, tmp_path):
+@pytest.mark.parametrize("ep,dq", [("cpu", 14), ("cuda", 28), ("migraphx", 28)])
+def test_int8_emitted_ops(export, ep, dq, tmp_path):
+    """GPU EPs: Q/DQ activation + DQ weight (28 DQ); CPU: Q/DQ activation only, weights fp32 initializers."""
     convert(export / "quark", tmp_path / ep, ep, log=lambda m: None)
     ops = op_types(tmp_path / ep)
-    assert ops["QuantizeLinear"] == 14 and ops["DequantizeLinear"] == 28 and "GroupQueryAttention" in ops
+    assert ops["QuantizeLinear"] == 14 and ops["DequantizeLinear"] == dq and "GroupQueryAttention" in ops
 
 
-def test_int8_cpu_lands_on_integer_matmul(export, tmp_path):
-    """ORT CPU's graph optimizer rewrites the QDQ MatMuls into MatMulIntegerToFloat (integer GEMM)."""
-    out = tmp_path / "cpu"
-    convert(export / "quark", out, "cpu", log=lambda m: None)
+INTEGER_GEMMS = ("MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QLinearMatMul", "MatMulInteger")
+
+
+def _optimized_ops(model_dir, tmp_path) -> list[str]:
+    """Op types of the graph ORT CPU really runs (its optimizer's output at the default level)."""
+    import onnx
     so = ort.SessionOptions()
     so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(str(out / "model.onnx"), so, providers=["CPUExecutionProvider"])
-    import onnx
-    ops = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node]
-    assert ops.count("MatMulIntegerToFloat") + ops.count("DynamicQuantizeMatMul") + ops.count("QLinearMatMul") \
-        + ops.count("MatMulInteger") >= 14, sorted(set(ops))
+    ort.InferenceSession(str(model_dir / "model.onnx"), so, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node]
+
+
+def test_int8_cpu_default_stays_float_gemm(export, tmp_path):
+    """The default CPU form is not re-fused into an integer GEMM: 14 float MatMuls on Q/DQ'd activations."""
+    out = tmp_path / "cpu"
+    convert(export / "quark", out, "cpu", log=lambda m: None)
+    ops = _optimized_ops(out, tmp_path)
+    assert not set(ops) & set(INTEGER_GEMMS), sorted(set(ops))
+    assert ops.count("QuantizeLinear") == 14 and ops.count("DequantizeLinear") == 14, sorted(set(ops))
+
+
+def test_int8_qdq_option_lands_on_integer_matmul(export, tmp_path):
+    """int8_linear=qdq: ORT CPU's graph optimizer rewrites the QDQ MatMuls into MatMulIntegerToFloat."""
+    from builder.emit_context import BuildOptions
+    out = tmp_path / "cpu_qdq"
+    convert(export / "quark", out, "cpu", options=BuildOptions(extra={"int8_linear": "qdq"}), log=lambda m: None)
+    ops = _optimized_ops(out, tmp_path)
+    assert sum(ops.count(op) for op in INTEGER_GEMMS) >= 14, sorted(set(ops))
+
+
+def test_int8_linear_option_refused_when_unknown(export, tmp_path):
+    from builder.emit_context import BuildOptions
+    from builder.errors import ConversionError
+    with pytest.raises(ConversionError, match="int8_linear"):
+        convert(export / "quark", tmp_path / "o", "cpu", options=BuildOptions(extra={"int8_linear": "u8u8"}),
+                log=lambda m: None)
+    assert not (tmp_path / "o").exists()
 
 
 def test_int8_dynamic_activation_rejected(export, tmp_path):

@@ -76,6 +76,8 @@ def test_fp32_onnx_agrees_with_float_model(fp32_onnx, float_model, tmp_path, cap
     assert json.loads(report.read_text())["references"]["float"]["greedy_compared"] == 3 * 8
     table = capsys.readouterr().out
     assert "perplexity" in table and "greedy agreement" in table and "100.0%" in table
+    # built by onnxruntime-genai's builder: no quark_onnx metadata
+    assert result["onnx"]["accuracy_level"] == "unknown" and "accuracy_level: unknown" in table
 
 
 def test_other_model_is_reported_as_different(fp32_onnx, tmp_path):

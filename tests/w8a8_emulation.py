@@ -14,8 +14,9 @@ import numpy as np
 from onnx_helpers import NEW_TOKENS, build, genai_greedy, prompt_logits
 from quark_factory import forward_logits, torch_greedy
 
-# measured (ORT CPU vs this emulation): fp8_w8a8_kv 1e-6, fp8_w8a8_kv_attn 2e-6, ptpc_fp8 2e-6, int8_w8a8 8e-7
-TOL_VS_EMULATION = 1e-4
+# measured (ORT CPU vs this emulation, llama_h64 fp32): fp8_w8a8 ~1e-6, fp8_w8a8_kv 1e-6, fp8_w8a8_kv_attn 2e-6,
+# ptpc_fp8 2e-6, int8_w8a8 7e-7 (the README claims ~1e-6); 5x headroom
+TOL_VS_EMULATION = 1e-5
 
 
 def _fq_fp8(x, s):

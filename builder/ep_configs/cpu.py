@@ -15,6 +15,9 @@ CONFIG = EPConfig(
     accuracy_level_4bit=4,
     accuracy_level_8bit=4,
     fp8_linear="dequantized_weight",
+    # ORT's fused u8s8 integer MatMul saturates int16 pair sums on CPUs without VNNI (quant/int8_w8a8.py): the
+    # default keeps the GEMM in fp32 so that the logits do not depend on the CPU; int8_linear=qdq opts back in.
+    int8_linear="dequantized_weight",
     fp4_linear="dense",  # exact and fast; 8-bit MatMulNBits is exact only at accuracy_level 1 (17x slower)
     custom_ops_backend="cpu",
     constraints=CPU_RULES,

@@ -14,7 +14,8 @@ Emitted per EP (EPConfig.fp8_linear):
                        when io is fp16/bf16 and the activation is static or float; the qdq form otherwise (CUDA)
   custom_op          : com.quark_onnx MatMulFp8W8A8 (static) / MatMulFp8W8A8Dyn (per-token) + function fallback,
                        cpu and cuda, fp32/fp16 io; other modes keep the EP's own form (quant/fp8_custom_op.py)
-Dynamic activations: u = DQ(Q(x / s_x, 1.0)) ─► MatMul ─► * s_x  (per-token scale applied after the GEMM).
+Dynamic activations: u = DQ(Q(x / s_x, 1.0)); dequantized_weight: u * s_x ─► MatMul (Quark's order);
+qdq: u ─► MatMul ─► * s_x (per-token scale after the GEMM, so that the GEMM's inputs are both DQ outputs).
 """
 from __future__ import annotations
 
@@ -193,6 +194,12 @@ class Fp8W8A8(Scheme):
         elif mode != "none":
             x, post_scale = fp8_dynamic_unit(ctx, x, mode == "dynamic_token", f"{pre}/input_quant")
         if form == "dequantized_weight":
+            if post_scale is not None:
+                # Quark's order: the fake-quantized x = fp8(x / s) * s goes into the GEMM. Rescaling after the
+                # GEMM is the same product in another rounding order (rel. 3e-7 per linear on SmolLM2-135M PTPC,
+                # 1.5e-7 this way), and on a real model those differences compound (tests/test_real_model.py).
+                x = g.op("Mul", [x, post_scale], f"{pre}/Mul_input_scale")
+                post_scale = None
             w = (q.astype(np.float32) * scale).T
             w_t = g.initializer(f"{base}.weight.T", np.ascontiguousarray(w.astype(ctx.io_np)))
         else:

@@ -3,11 +3,22 @@ zero point (Quark's `int8` template, SmoothQuant-style exports).
 
 Tensors (quark_format.md section 2): weight int8/uint8 [out, in]; weight_scale [] or [out] (float32 in the template);
 weight_zero_point [] or [out]; input_scale []; input_zero_point [] (int8 or uint8, 0 when symmetric).
-Quark's numerics: q = clamp(round_half_even(x / s) + zp), x_q = (q - zp) * s, the same for W.
+Quark's numerics: q = clamp(round_half_even(x * fp32(1 / s)) + zp), x_q = (q - zp) * s (PyTorch's
+fake_quantize_per_tensor_affine, which Quark's CPU path calls: quark/torch/kernel/hw_emulation/hw_emulation_interface.py
+fake_quantize_int_per_tensor_affine); weights W = (q_w - zp_w) * s_w.
 
-Emitted on every EP:
-    x ─► QuantizeLinear(s_x, zp_x) ─► DequantizeLinear ─► MatMul ◄─ DequantizeLinear(int8 W.T [in,out], s_w, zp_w)
-ORT CPU fuses this into MatMulIntegerToFloat (integer GEMM); MIGraphX's simplify_qdq into an INT8 quant_dot.
+Emitted per EP (EPConfig.int8_linear, --extra_options int8_linear=...):
+  dequantized_weight (CPU default):
+    x ─► Mul(1/s_x) ─► QuantizeLinear(1, zp_x) ─► DequantizeLinear(s_x, zp_x) ─► MatMul ◄─ fp32 (q_w - zp_w) * s_w
+    Only the activation is Q/DQ'd, so ORT has no DQ·DQ MatMul to fuse: the GEMM is float, and the logits are the
+    same on every CPU ((q - zp) * s is the correctly rounded fp32 product DequantizeLinear computes).
+  qdq (GPU EPs; opt-in on CPU):
+    x ─► Mul(1/s_x) ─► Q(1, zp_x) ─► DQ(s_x, zp_x) ─► MatMul ◄─ DequantizeLinear(int8 W.T [in,out], s_w, zp_w)
+    ORT CPU fuses this into MatMulIntegerToFloat (integer GEMM); MIGraphX's simplify_qdq into an INT8 quant_dot.
+    On x86 CPUs without AVX-VNNI / AVX512-VNNI, ORT's u8s8 integer kernel (MLAS qgemm_kernel_avx2.cpp, the U8S8
+    AVX2 path built on vpmaddubsw) adds int8 products in int16 pairs with saturation: the logits then depend on the
+    CPU (issue #11, measured on an AVX2-only machine: max logit difference 0.15-0.26 on the tiny test models,
+    perplexity +17.7 % on a 135M model; 7e-7 with graph optimizations off). Not reproducible on a VNNI machine.
 """
 from __future__ import annotations
 
@@ -19,6 +30,7 @@ from .base import LinearPlan, Scheme
 
 INT_DTYPES = {"int8": np.int8, "uint8": np.uint8}
 SAFETENSORS = {"int8": "I8", "uint8": "U8"}
+INT8_LINEAR_FORMS = ("dequantized_weight", "qdq")  # EPConfig.int8_linear values
 
 
 def _fail(ckpt, layer, message, field=None, value=None, accepted=None):
@@ -91,7 +103,11 @@ class Int8W8A8(Scheme):
     @classmethod
     def describe(cls, plan: LinearPlan, ep) -> str:
         w, a = plan.spec.weight[0], plan.spec.input_tensors[0]
-        fused = " (ORT CPU fuses it into MatMulIntegerToFloat)" if ep.name == "cpu" else ""
+        if ep.int8_linear == "dequantized_weight":
+            return (f"Q/DQ {a.dtype} activation -> MatMul on the fp32 dequantized {w.dtype} {w.qscheme} weight "
+                    "(exact, independent of the CPU's instruction set)")
+        fused = (" (ORT CPU fuses it into MatMulIntegerToFloat: saturates on CPUs without VNNI)"
+                 if ep.name == "cpu" else "")
         return (f"Q/DQ {a.dtype} activation + DequantizeLinear({w.dtype} {w.qscheme} weight) -> MatMul{fused}")
 
     @classmethod
@@ -104,9 +120,21 @@ class Int8W8A8(Scheme):
         wzp = cls._zp(ckpt, f"{base}.weight_zero_point", w.dtype, scale.size)
         if w.qscheme == "per_channel" and scale.size == 1:
             scale, wzp = np.repeat(scale, n), np.repeat(wzp, n)
-        w_t = weight_dq(ctx, base, q.T, scale, wzp, f"{pre}/weight_dq")
-        s = g.scalar(f"{base}.input_scale.q", float(ckpt.get_scale(f"{base}.input_scale").reshape(())), ctx.io_np)
+        if ctx.ep.int8_linear == "dequantized_weight":
+            w = (q.astype(np.float32) - wzp.astype(np.float32).reshape(-1, 1)) * scale.astype(np.float32).reshape(-1, 1)
+            w_t = g.initializer(f"{base}.weight.T", np.ascontiguousarray(w.T.astype(ctx.io_np)))
+        else:
+            w_t = weight_dq(ctx, base, q.T, scale, wzp, f"{pre}/weight_dq")
+        s_x = np.float32(ckpt.get_scale(f"{base}.input_scale").reshape(()))
+        s = g.scalar(f"{base}.input_scale.q", float(s_x), ctx.io_np)
         zp = g.initializer(f"{base}.input_zero_point.q",
                            cls._zp(ckpt, f"{base}.input_zero_point", a.dtype, 1).reshape(()))
-        xq = dequantize(ctx, quantize(ctx, x, s, zp, f"{pre}/input_quant"), s, zp, f"{pre}/input_quant")
+        # Quark's int8 fake quantizer is torch.fake_quantize_per_tensor_affine: round(x * (1/s)) with 1/s rounded to
+        # fp32 first (not x / s, which QuantizeLinear computes). The two differ in the last bit for some x, and on a
+        # real model those flipped roundings compound layer by layer (measured: SmolLM2-135M W8A8, x / s gives
+        # ppl -1.8 % and top-1 0.58 against Quark; x * (1/s) is bit-identical in a PyTorch emulation).
+        inv = g.scalar(f"{base}.input_scale.reciprocal", float(np.float32(1.0) / s_x), ctx.io_np)
+        one = g.scalar(f"{base}.input_scale.unit", 1.0, ctx.io_np)
+        xs = g.op("Mul", [x, inv], f"{pre}/input_quant/Mul_reciprocal")
+        xq = dequantize(ctx, quantize(ctx, xs, one, zp, f"{pre}/input_quant"), s, zp, f"{pre}/input_quant")
         return g.op("MatMul", [xq, w_t], f"{pre}/MatMul")
