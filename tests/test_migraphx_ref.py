@@ -59,7 +59,7 @@ def test_build_script_keys_its_cache_by_commit_and_refuses_a_non_repository(tmp_
     r = subprocess.run(["bash", str(script), str(repo), "--dry-run", "-j", "1"], env=env, capture_output=True,
                        text=True)
     assert r.returncode == 0, r.stderr
-    assert f"{tmp_path / 'cache' / commit}" in r.stdout and "ninja -j1 migraphx_py_" in r.stdout
+    assert f"{tmp_path / 'cache' / commit}" in r.stdout and "ninja -j1 migraphx_pybind_" in r.stdout
     assert not (tmp_path / "cache").exists()          # a dry run writes nothing
     bad = subprocess.run(["bash", str(script), str(tmp_path / "cache")], env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "not a git repository" in bad.stderr

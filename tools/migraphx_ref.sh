@@ -51,7 +51,10 @@ CMAKE_FLAGS=(-G Ninja -DCMAKE_BUILD_TYPE= "-DCMAKE_CXX_FLAGS=-O0 -g0" -DMIGRAPHX
              -DMIGRAPHX_USE_HIPBLASLT=Off -DMIGRAPHX_USE_MIOPEN=Off -DMIGRAPHX_USE_COMPOSABLEKERNEL=Off
              -DMIGRAPHX_ENABLE_PYTHON=On "-DPYTHON_EXECUTABLE=$SYS_PY" -DCMAKE_C_COMPILER_LAUNCHER=ccache
              -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-TARGETS=("migraphx_py_$PYVER" migraphx_onnx migraphx_ref)
+# The Python module `migraphx` is the target migraphx_pybind_<ver> (src/py/CMakeLists.txt: py_add_module(
+# migraphx_pybind_${PYTHON_VERSION} ... PYTHON_MODULE migraphx), linking migraphx_tf, migraphx_onnx and
+# migraphx_all_targets = ref here); migraphx_py_<ver> is only the driver's embedded-interpreter library (py.cpp).
+TARGETS=("migraphx_pybind_$PYVER" migraphx_onnx migraphx_ref)
 
 echo "MIGraphX commit $COMMIT -> cache $CACHE (python $PYVER, -j$JOBS)"
 if [ "$DRY" = 1 ]; then
