@@ -75,6 +75,26 @@ if [ ! -f "$CACHE/built" ]; then
   fi
   mkdir -p "$CACHE/src"
   [ -f "$CACHE/src/CMakeLists.txt" ] || git -C "$MGX_GIT" archive "$COMMIT" | tar -x -C "$CACHE/src"
+  # The Python module links the TensorFlow parser only for migraphx.parse_tf (src/py/CMakeLists.txt,
+  # src/py/migraphx_py.cpp); dropping that one binding from the extracted copy saves its 52 compile steps (generated
+  # protobuf sources among them). Where those lines are not as expected the TF parser is simply built.
+  "$SYS_PY" - "$CACHE/src" <<'PYEOF'
+import pathlib, re, sys
+src = pathlib.Path(sys.argv[1])
+cm, py = src / "src/py/CMakeLists.txt", src / "src/py/migraphx_py.cpp"
+c, p = cm.read_text(), py.read_text()
+if '"parse_tf"' not in p and " migraphx_tf " not in c:
+    sys.exit(0)  # already dropped
+new_c = c.replace(" migraphx_tf migraphx_onnx ", " migraphx_onnx ", 1)
+new_p = p.replace("#include <migraphx/tf.hpp>\n", "", 1)
+new_p, n = re.subn(r'\n    m\.def\(\n        "parse_tf",.*?\n\n', "\n\n", new_p, count=1, flags=re.S)
+if new_c == c or n != 1 or "parse_tf" in new_p or "tf.hpp" in new_p:
+    print("note: src/py is not as expected; building the TF parser too")
+else:
+    cm.write_text(new_c)
+    py.write_text(new_p)
+    print("dropped migraphx.parse_tf (and the TF parser) from the Python module")
+PYEOF
   PREFIX_PATH=/opt/rocm
   if [ ! -d /opt/rocm/share/rocmcmakebuildtools ] && [ ! -d /opt/rocm/share/rocm/cmake ]; then
     [ -n "$ROCM_CMAKE_GIT" ] || die "ROCmCMakeBuildTools not found under /opt/rocm: pass --rocm-cmake ROCM_CMAKE_GIT_DIR"
