@@ -74,3 +74,34 @@ def test_build_script_keys_its_cache_by_commit_and_refuses_a_non_repository(tmp_
     assert not (tmp_path / "cache").exists()          # a dry run writes nothing
     bad = subprocess.run(["bash", str(script), str(tmp_path / "cache")], env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "not a git repository" in bad.stderr
+
+
+QUARK_EXPORTS = [("llama_h64", "uint4_g64"), ("llama_h64", "fp8_w8a8_kv_attn")]
+
+
+@pytest.mark.parametrize("recipe,shared", [("uint4_g64", True), ("fp8_w8a8_kv_attn", False)])
+def test_compare_feeds_the_cache_as_genai_does(quark_exports, tmp_path, recipe, shared):
+    """No MIGraphX needed. MIGraphX's GroupQueryAttention reads past as a shared buffer (the compare feeds a
+    BUFFER-row one when genai_config says past_present_share_buffer); ORT CPU must give the same logits for that
+    buffer as for the growing past, so a MIGraphX difference in the table is MIGraphX's, not the feeds'."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import numpy as np
+    from migraphx_ref_compare import BUFFER, _empty_past, _feeds, _ort_session
+    from onnx_helpers import build
+    export = quark_exports("llama_h64", recipe)
+    out = build(export, tmp_path / "onnx", "rocm", "fp32")
+    assert json.loads((out / "genai_config.json").read_text())["search"]["past_present_share_buffer"] is shared
+    sess = _ort_session(out / "model.onnx")
+    names = [o.name for o in sess.get_outputs()]
+    ids = np.load(export / "reference.npz")["input_ids"]
+    logits = {}
+    for buffered in ({True, False} if shared else {False}):
+        head = dict(zip(names, sess.run(None, _feeds(ids[:, :-1], _empty_past(sess, buffered), 0))))
+        past = {n.replace("present", "past_key_values"): v for n, v in head.items() if n.startswith("present")}
+        assert next(iter(past.values())).shape[2] == (BUFFER if buffered else ids.shape[1] - 1)
+        logits[buffered] = [sess.run(["logits"], _feeds(ids, _empty_past(sess, buffered), 0))[0],
+                            sess.run(["logits"], _feeds(ids[:, -1:], past, ids.shape[1] - 1))[0]]
+        assert np.isfinite(logits[buffered][1]).all()
+    if shared:
+        for case in (0, 1):
+            np.testing.assert_array_equal(logits[True][case], logits[False][case])
