@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build MIGraphX's ONNX parser + CPU `ref` target (no GPU) from a local MIGraphX git repository, then run every
 # `-e rocm` output of the tiny test models through migraphx.parse_onnx + ref and compare with ONNX Runtime CPU
-# (tools/migraphx_ref_compare.py). Recipe measured in issue 9: ~420 compile steps, 48 min on 2 idle cores at -O0.
+# (tools/migraphx_ref_compare.py). 393 compile steps (clang, -O0, no TF parser); on a shared 2-core machine about
+# 7-18 steps a minute at nice 19 (Dec 2026).
 #
 #   tools/migraphx_ref.sh MIGRAPHX_GIT_DIR [--rocm-cmake ROCM_CMAKE_GIT_DIR] [-j N] [--mem-gb N]
 #                         [--install-deps] [--build-only] [--dry-run] [-- COMPARE_ARGS...]
