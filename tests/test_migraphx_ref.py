@@ -3,7 +3,8 @@
 (CI reaches package registries only, not MIGraphX's source).
 
 Bound: fp32 on both sides, only summation order and transcendental implementations differ; issue 9 measured
-MatMulNBits 6e-7 and GroupQueryAttention 5e-7 on one-node graphs. Not yet measured on whole models here.
+MatMulNBits 6e-7 and GroupQueryAttention 5e-7 on one-node graphs; whole tiny models measured 3.6e-7..2.6e-6
+(MIGraphX f729a52, docs/execution_providers.md).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("MIGRAPHX_REF_CACHE", Path.home() / ".cache" / "quark-onnx-builder" / "migraphx"))
-TOL = 1e-4
+TOL = 1e-5
 # -e rocm conversions the builder refuses before writing anything (tests/test_gpt_oss.py, tests/test_qwen3_moe.py)
 EXPECTED_REFUSALS = {"gpt_oss uint4_g32": "head_sink input, which this EP does not read",
                      "gpt_oss mxfp4": "head_sink input, which this EP does not read",
