@@ -48,7 +48,7 @@ def timed(cmd: list[str], cwd: Path, log: Path) -> dict:
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
     cpu = re.search(r"Percent of CPU this job got: (\d+)%", text)
     return {"rc": rc, "wall_s": round(wall, 1), "peak_rss_mib": round(int(rss.group(1)) / 1024) if rss else None,
-            "cpu_percent": int(cpu.group(1)) if cpu else None, "log": str(log)}
+            "cpu_percent": int(cpu.group(1)) if cpu else None, "log": log.name}  # relative to --work
 
 
 def folder_bytes(path: Path) -> int:

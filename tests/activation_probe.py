@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -95,11 +96,12 @@ def main(argv=None) -> int:
     scheme = info["recipe"]["name"]
     found = capture(export, None, ref["eval_ids"], args.modules)
     from safetensors import safe_open
-    with safe_open(str(export / "quark" / "model.safetensors"), "np") as f:
+    with safe_open(str(export / "quark" / "model.safetensors"), "np") as f, \
+            tempfile.TemporaryDirectory(prefix="probe.") as tmp:
         keys = set(f.keys())
         for name, (x, qx) in found.items():
             s2 = float(f.get_tensor(f"{name}.input_scale_2")) if f"{name}.input_scale_2" in keys else None
-            ours = onnx_qdq(x, scheme.split("-")[0], Path("/tmp/probe") / name, s2)
+            ours = onnx_qdq(x, scheme.split("-")[0], Path(tmp) / name, s2)
             print(name, x.shape, compare(ours, qx), flush=True)
     return 0
 
