@@ -202,6 +202,11 @@ class Mxfp4Linear(Scheme):
         if a and emulate_activations(ctx):
             spec = Fp4ActivationSpec("mxfp4", MXFP4_GROUP, a[0].scale_calculation_mode or "even")
             x = emit_fp4_activation_qdq(ctx, x, spec, plan.node_prefix)
+        return cls.emit_weight(ctx, plan, x)
+
+    @classmethod
+    def emit_weight(cls, ctx, plan: LinearPlan, x: str) -> str:
+        """x @ W in the EP's FP4 weight form (MatMulMxfp4 where chosen and importable, else the 8-bit re-encoding)."""
         method = fp4_linear_method(ctx)
         if method == "native":
             y = emit_matmul_mxfp4_custom(ctx, plan, x)

@@ -16,7 +16,7 @@ from dataclasses import replace
 from ..ops.qdq import qdq_static
 from .base import LinearPlan
 from .fp8_w8a8 import scalar_scale
-from .mxfp4 import Mxfp4Linear, emit_fp4_weight, emit_matmul_mxfp4_custom, fail, fp4_linear_method
+from .mxfp4 import Mxfp4Linear, fail
 
 
 class Mxfp4Fp8Linear(Mxfp4Linear):
@@ -51,10 +51,4 @@ class Mxfp4Fp8Linear(Mxfp4Linear):
     def emit(cls, ctx, plan: LinearPlan, x: str) -> str:
         x = qdq_static(ctx, x, scalar_scale(ctx.ckpt, f"{plan.name}.input_scale"), "fp8_e4m3",
                        f"{plan.node_prefix}/input_quant")
-        method = fp4_linear_method(ctx)
-        if method == "native":
-            y = emit_matmul_mxfp4_custom(ctx, plan, x)
-            if y is not None:
-                return y
-            method = "matmul_nbits8"
-        return emit_fp4_weight(ctx, plan, x, cls.load(plan, ctx.ckpt), method)
+        return cls.emit_weight(ctx, plan, x)
