@@ -66,6 +66,8 @@ class EmitContext:
         """A float checkpoint tensor as an initializer in the io dtype (transposed: [in, out] from [out, in]),
         streamed from the file in row blocks: read, cast (and transposed) by the worker threads while the main
         thread writes, so memory holds a few blocks, never the tensor (a 128k-vocabulary lm_head is 4 GiB in fp32)."""
+        if init_name == tensor and not transpose and self.graph.has(init_name):
+            return init_name  # already emitted as this very tensor in the io dtype (a tied lm_head's embedding)
         shape, dtype = self.ckpt.shape(tensor), self.io_np
         rows = shape[0]
         # transposed: each block becomes `shape[1]` scattered writes, so blocks are larger (fewer, longer writes)

@@ -8,6 +8,8 @@ the file in insertion order, so the same input gives byte-identical files.
 from __future__ import annotations
 
 import os
+import threading
+from collections import deque
 from pathlib import Path
 from typing import Iterable
 
@@ -16,6 +18,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+WRITER_QUEUE_BYTES = 64 << 20  # bytes handed to the writer thread and not yet written (bounds the memory it holds)
+WRITER_MIN_BYTES = 256 << 10  # smaller writes (padding, scattered rows) are written by the calling thread at once
 ALIGN = 64  # byte alignment of each tensor in the data file (ORT memory-maps it)
 INLINE_LIMIT = 64  # tensors with at most this many bytes stay inside the proto
 
@@ -36,6 +40,7 @@ class GraphBuilder:
     def __init__(self, data_path: Path, opset: int = 21):
         self.data_path = Path(data_path)
         self._fd: int | None = os.open(self.data_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        self._writer = _Writer(self._fd) if os.environ.get("QO_WRITER_THREAD", "1") != "0" else None
         self._offset = 0
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[TensorProto] = []
@@ -75,6 +80,10 @@ class GraphBuilder:
                   for i in range(0, n_out, rows_per_chunk))
         return self.stream_columns(name, dtype, (n_in, n_out), blocks)
 
+    def has(self, name: str) -> bool:
+        """Whether an initializer of this name was added."""
+        return name in self._names
+
     def stream(self, name: str, dtype, shape: tuple, chunks: Iterable[np.ndarray]) -> str:
         """Add a tensor given as consecutive C-order pieces (row blocks), written as they arrive."""
         return self._add(name, np.dtype(dtype), tuple(shape), chunks)
@@ -107,9 +116,10 @@ class GraphBuilder:
 
     def _pwrite(self, data, offset: int) -> None:
         view = memoryview(data).cast("B")
-        while len(view):
-            n = os.pwrite(self._fd, view, offset)
-            view, offset = view[n:], offset + n
+        if self._writer is not None and len(view) >= WRITER_MIN_BYTES:
+            self._writer.put(view, offset)  # keeps `data` alive until written
+        else:
+            pwrite_all(self._fd, view, offset)
 
     def _reserve(self, name: str, dtype: np.dtype, shape: tuple) -> int | None:
         """Name the tensor and give it its aligned region of the data file; None when it is small enough to inline."""
@@ -200,15 +210,95 @@ class GraphBuilder:
         return model
 
     def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()  # every queued write done; re-raises the writer's error
+            self._writer = None
         if self._fd is not None:
             os.ftruncate(self._fd, self._offset)  # the file ends where the last tensor does
             os.close(self._fd)
             self._fd = None
 
     def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.stop()
+            self._writer = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+class _Writer:
+    """One thread that does the big pwrites, so the thread that plans and reads never waits on the page cache.
+
+    The page-cache copy of the output is the largest single cost of a conversion (at the Llama-3 8B shape, 7.4 GiB:
+    6-10 s of kernel time, docs/benchmarks.md); on the main thread it serialised with everything the main thread
+    does besides (reading packed weights and scales, handing blocks to the workers). Writes go in submission order;
+    at most WRITER_QUEUE_BYTES wait. pwrite releases the GIL. The first error (ENOSPC, EFBIG, ...) is re-raised in
+    the submitting thread by the next put() or by close(); nothing queued after it is written."""
+
+    def __init__(self, fd: int, max_bytes: int = WRITER_QUEUE_BYTES):
+        self._fd, self._max = fd, max_bytes
+        self._queue: deque = deque()
+        self._bytes = 0        # queued or being written
+        self._error: BaseException | None = None
+        self._closing = False
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="qo-write", daemon=True)
+        self._thread.start()
+
+    def put(self, view: memoryview, offset: int) -> None:
+        with self._cv:
+            while self._bytes > 0 and self._bytes + len(view) > self._max and self._error is None:
+                self._cv.wait()
+            if self._error is not None:
+                raise self._error
+            self._queue.append((view, offset))
+            self._bytes += len(view)
+            self._cv.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closing:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                view, offset = self._queue.popleft()
+            try:
+                pwrite_all(self._fd, view, offset)
+            except BaseException as exc:  # noqa: BLE001 - handed to the submitting thread
+                with self._cv:
+                    self._error = exc
+                    self._queue.clear()
+                    self._bytes = 0
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                self._bytes -= len(view)
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        """Wait until everything queued is written; raise the writer's error if it had one."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def stop(self) -> None:
+        """Drop what is queued and wait for the write in progress (an aborted conversion)."""
+        with self._cv:
+            self._queue.clear()
+            self._closing = True
+            self._cv.notify_all()
+        self._thread.join()
 
 
 def cast_block(block: np.ndarray, dtype: np.dtype) -> np.ndarray:
