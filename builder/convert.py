@@ -27,6 +27,7 @@ from .output_dir import (make_temp, remove_tree, resolve_output, signals_raise, 
 from .ops.moe import MOE_FORMS
 from .quant import LinearPlan, scheme_for
 from .quant.float_int8 import LM_HEAD_FORMS, FloatToInt8Linear
+from .quant.float_bf16 import FloatBf16Linear
 from .quant.float_linear import FloatLinear
 from .quant.fp8_w8a8 import FP8_LINEAR_FORMS
 from .quant.int8_w8a8 import INT8_LINEAR_FORMS
@@ -115,13 +116,16 @@ def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, 
                                   "attention)", file=config_file, layer=name, field=f"{spec.source}.output_tensors",
                                   value=spec.output_tensors[0].short())
         scheme = scheme_for(spec, name, config_file)
-        if name == "lm_head" and options.extra.get("lm_head") == "int8":
+        lm_head_form = options.extra.get("lm_head")
+        if name == "lm_head" and lm_head_form in ("int8", "bf16"):
             if scheme is FloatLinear:
-                scheme = FloatToInt8Linear
+                scheme = FloatToInt8Linear if lm_head_form == "int8" else FloatBf16Linear
                 if weight_name:
-                    notes[-1] = "lm_head is tied to the float embedding: lm_head=int8 quantizes a copy of it to 8 bits"
+                    notes[-1] = ("lm_head is tied to the float embedding: lm_head=int8 quantizes a copy of it to 8 bits"
+                                 if lm_head_form == "int8" else
+                                 "lm_head is tied to the float embedding: lm_head=bf16 stores a bf16 copy of it")
             else:
-                notes.append("lm_head=int8 not applied: the checkpoint's lm_head is already quantized")
+                notes.append(f"lm_head={lm_head_form} not applied: the checkpoint's lm_head is already quantized")
         plan = LinearPlan(name=name, in_features=n_in, out_features=n_out, spec=spec, scheme=scheme,
                           has_bias=f"{name}.bias" in ckpt, node_prefix=prefix, weight_name=weight_name)
         scheme.check(plan, ckpt, ep)

@@ -110,7 +110,8 @@ OPTIONS: dict[str, Option] = {
                                _has_fusable, "one matmul for q/k/v and for gate/up where the schemes agree: 1|0"),
     "moe": Option(_choices_of(("builder.ops.moe", "MOE_FORMS")), _has_moe, "Mixtral MoE form: routed|dense"),
     "lm_head": Option(_choices_of(("builder.quant.float_int8", "LM_HEAD_FORMS")), _has_float_lm_head,
-                      "float lm_head storage: float (exact) | int8 (8-bit MatMulNBits, not exact)"),
+                      "float lm_head storage: float (exact) | int8 (8-bit MatMulNBits, not exact) | bf16 (checkpoint's "
+                      "bf16 bits, custom-op kernel on CPU, exact)"),
     "custom_ops_library": Option(_path, None, "custom-op shared library, copied into the output folder"),
 }
 

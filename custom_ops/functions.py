@@ -153,10 +153,27 @@ def matmul_fp8_w8a8_dyn_function(onnx_opset: int = DEFAULT_ONNX_OPSET) -> onnx.F
     return _function("MatMulFp8W8A8Dyn", ["A", "B", "B_scale"], ["Y"], nodes, [], onnx_opset)
 
 
+def matmul_bf16_function(onnx_opset: int = DEFAULT_ONNX_OPSET) -> onnx.FunctionProto:
+    """MatMulBf16(A [...,K] f32|f16, B bfloat16 [N,K]) -> Y like A: Y = float32(A) @ float32(B).T.
+
+    bf16 -> float32 is exact, so this is the float lm_head's own arithmetic; ORT constant-folds Cast and Transpose of
+    an initializer B into one float32 [K, N] weight, i.e. the default float form (speed and memory included)."""
+    n = helper.make_node
+    nodes = [
+        n("Cast", ["A"], ["a_f32"], to=TensorProto.FLOAT),
+        n("Cast", ["B"], ["b_f32"], to=TensorProto.FLOAT),
+        n("Transpose", ["b_f32"], ["weight_kn"], perm=[1, 0]),
+        n("MatMul", ["a_f32", "weight_kn"], ["y_f32"]),
+        n("CastLike", ["y_f32", "A"], ["Y"]),
+    ]
+    return _function("MatMulBf16", ["A", "B"], ["Y"], nodes, [], onnx_opset)
+
+
 FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
     "MatMulMxfp4": matmul_mxfp4_function,
     "MatMulFp8W8A8": matmul_fp8_w8a8_function,
     "MatMulFp8W8A8Dyn": matmul_fp8_w8a8_dyn_function,
+    "MatMulBf16": matmul_bf16_function,
 }
 
 # Inputs in order, and the integer attributes each node must carry.
@@ -164,11 +181,13 @@ OP_INPUTS = {
     "MatMulMxfp4": ("A", "B", "B_scale"),
     "MatMulFp8W8A8": ("A", "B", "B_scale", "A_scale"),
     "MatMulFp8W8A8Dyn": ("A", "B", "B_scale"),
+    "MatMulBf16": ("A", "B"),
 }
 OP_REQUIRED_ATTRIBUTES = {
     "MatMulMxfp4": ("K", "N"),
     "MatMulFp8W8A8": (),
     "MatMulFp8W8A8Dyn": (),
+    "MatMulBf16": (),
 }
 
 

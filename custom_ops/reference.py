@@ -126,3 +126,14 @@ def random_mxfp4_weight(rng: np.random.Generator, n: int, k: int, scale_exponent
     low, high = scale_exponent_range
     scales = rng.integers(low, high + 1, size=(n, k // MXFP4_BLOCK_SIZE), dtype=np.uint8)
     return pack_fp4_low_nibble_first(codes), scales
+
+
+def bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float32, exactly (the 16 bits are the top half of the float32)."""
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def matmul_bf16(a: np.ndarray, b_bits: np.ndarray) -> np.ndarray:
+    """MatMulBf16: A [..., K] @ float(B [N, K]).T, summed in float64 (the kernels sum in float32)."""
+    w = bf16_bits_to_float(b_bits).astype(np.float64)
+    return (np.asarray(a, np.float64) @ w.T).astype(np.float32)

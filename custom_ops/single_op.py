@@ -25,6 +25,8 @@ _ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorPr
 
 def _initializer(name: str, value) -> onnx.TensorProto:
     array = np.asarray(value)
+    if array.dtype == ml_dtypes.bfloat16:
+        return helper.make_tensor(name, TensorProto.BFLOAT16, array.shape, array.view(np.uint16).tobytes(), raw=True)
     if array.dtype == ml_dtypes.float8_e4m3fn:
         return helper.make_tensor(name, TensorProto.FLOAT8E4M3FN, array.shape, array.view(np.uint8).tobytes(),
                                   raw=True)

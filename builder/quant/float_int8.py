@@ -20,7 +20,7 @@ from ..pipeline import ordered_map
 from .base import LinearPlan
 from .float_linear import FloatLinear
 
-LM_HEAD_FORMS = ("float", "int8")
+LM_HEAD_FORMS = ("float", "int8", "bf16")  # bf16: builder/quant/float_bf16.py
 BLOCKS = (128, 64, 32, 16)  # 128: 1.8x the decode speed of 32 at the same bits (docs/benchmarks.md)
 
 

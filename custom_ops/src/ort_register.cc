@@ -30,7 +30,7 @@ constexpr uint32_t kOrtApiVersionParallelFor = 17;  // KernelContext_ParallelFor
 const OrtApi* g_api = nullptr;
 bool g_has_parallel_for = false;
 
-enum class OpKind { kMxfp4, kFp8, kFp8Dyn };
+enum class OpKind { kMxfp4, kFp8, kFp8Dyn, kBf16 };  // kBf16: CPU only
 
 struct QoCustomOp : OrtCustomOp {
   OpKind kind;
@@ -131,7 +131,11 @@ int RunCpu(const QoKernel& k, OrtKernelContext* context, const void* a, const vo
                                                  b_scale_count, (u16*)y, M, N, K)
                     : qo_matmul_fp8_w8a8_dyn_f32((const float*)a, (const uint8_t*)b, (const float*)b_scale,
                                                  b_scale_count, (float*)y, M, N, K);
+    case OpKind::kBf16:
+      return k.half ? qo_matmul_bf16_f16((const u16*)a, (const u16*)b, (u16*)y, M, N, K)
+                    : qo_matmul_bf16_f32((const float*)a, (const u16*)b, (float*)y, M, N, K);
   }
+  (void)b_scale; (void)b_scale_count; (void)a_scale;
 #else
   (void)k; (void)context; (void)a; (void)b; (void)b_scale; (void)b_scale_count; (void)a_scale; (void)y; (void)M;
   (void)N; (void)K;
@@ -165,6 +169,8 @@ int RunGpu(const QoKernel& k, const void* a, const void* b, const void* b_scale,
       qo_gpu_workspace_free(row_scale, stream);  // stream-ordered: freed after the kernels ran
       return status;
     }
+    case OpKind::kBf16:
+      return QO_ERR_ARGUMENT;  // not registered on the GPU provider
   }
 #else
   (void)k; (void)a; (void)b; (void)b_scale; (void)b_scale_count; (void)a_scale_device; (void)y; (void)M; (void)N;
@@ -179,7 +185,7 @@ OrtStatus* ORT_API_CALL Compute(void* op_kernel, OrtKernelContext* context) {
   const void *a_data = nullptr, *b_data = nullptr, *b_scale_data = nullptr, *a_scale_data = nullptr;
   QO_RETURN_IF_ERROR(Input(context, 0, &a, &a_data));
   QO_RETURN_IF_ERROR(Input(context, 1, &b, &b_data));
-  QO_RETURN_IF_ERROR(Input(context, 2, &b_scale, &b_scale_data));
+  if (k.kind != OpKind::kBf16) QO_RETURN_IF_ERROR(Input(context, 2, &b_scale, &b_scale_data));
   if (k.kind == OpKind::kFp8) QO_RETURN_IF_ERROR(Input(context, 3, &a_scale, &a_scale_data));
 
   if (a.shape.empty() || b.shape.size() != 2) return Error("A must have rank >= 1 and B rank 2");
@@ -192,6 +198,8 @@ OrtStatus* ORT_API_CALL Compute(void* op_kernel, OrtKernelContext* context) {
       return Error("MatMulMxfp4: B_scale must be [N, K/32]");
     if ((k.attr_k > 0 && k.attr_k != K) || (k.attr_n > 0 && k.attr_n != N))
       return Error("MatMulMxfp4: attributes K/N do not match the tensors");
+  } else if (k.kind == OpKind::kBf16) {
+    if (b.shape[1] != K) return Error("MatMulBf16: B must be [N, K]");
   } else {
     if (b.shape[1] != K) return Error("MatMulFp8W8A8: B must be [N, K]");
     const int64_t count = b_scale.elements();
@@ -245,6 +253,7 @@ const char* ORT_API_CALL GetName(const OrtCustomOp* op) {
     case OpKind::kMxfp4: return "MatMulMxfp4";
     case OpKind::kFp8: return "MatMulFp8W8A8";
     case OpKind::kFp8Dyn: return "MatMulFp8W8A8Dyn";
+    case OpKind::kBf16: return "MatMulBf16";
   }
   return "";
 }
@@ -254,13 +263,18 @@ const char* ORT_API_CALL GetProvider(const OrtCustomOp* op) {
 }
 
 size_t ORT_API_CALL GetInputTypeCount(const OrtCustomOp* op) {
-  return static_cast<const QoCustomOp*>(op)->kind == OpKind::kFp8 ? 4 : 3;
+  switch (static_cast<const QoCustomOp*>(op)->kind) {
+    case OpKind::kFp8: return 4;
+    case OpKind::kBf16: return 2;
+    default: return 3;
+  }
 }
 
 ONNXTensorElementDataType ORT_API_CALL GetInputType(const OrtCustomOp* op, size_t index) {
   const QoCustomOp* qo = static_cast<const QoCustomOp*>(op);
   if (index == 0) return qo->a_type;
   if (qo->kind == OpKind::kMxfp4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;  // B, B_scale
+  if (qo->kind == OpKind::kBf16) return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
   if (index == 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN;
   return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;                                 // B_scale, A_scale
 }
@@ -320,9 +334,9 @@ std::vector<QoCustomOp>& AllOps() {
     providers.push_back(true);
 #endif
     for (bool gpu : providers)
-      for (OpKind kind : {OpKind::kMxfp4, OpKind::kFp8, OpKind::kFp8Dyn})
+      for (OpKind kind : {OpKind::kMxfp4, OpKind::kFp8, OpKind::kFp8Dyn, OpKind::kBf16})
         for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16})
-          list.push_back(MakeOp(kind, t, gpu));
+          if (!(gpu && kind == OpKind::kBf16)) list.push_back(MakeOp(kind, t, gpu));
     return list;
   }();
   return ops;

@@ -5,6 +5,7 @@
  * library is built with OpenMP; `omp simd` reductions let the compiler vectorise the dot products without
  * -ffast-math. fp16 inputs/outputs are converted to/from float32 buffers around the float32 core. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "qo_fp_formats.h"
 #include "qo_kernels.h"
@@ -324,4 +325,214 @@ int qo_matmul_fp8_w8a8_dyn_f32(const float* A, const uint8_t* B, const float* B_
 int qo_matmul_fp8_w8a8_dyn_f16(const uint16_t* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
                                uint16_t* Y, int64_t M, int64_t N, int64_t K) {
   return fp8_w8a8_f16(A, B, B_scale, b_scale_count, NULL, Y, M, N, K);
+}
+
+/* ---------------- bf16 weight (lm_head=bf16) ----------------
+ * Y[m][n] = sum_k A[m][k] * float(B[n][k]); bf16 -> float32 is exact (the bits shifted up), so the only rounding is
+ * the float32 summation, and that is done in one fixed order on every CPU: 16 lane partial sums (lane j takes
+ * k = 16i + j, in increasing i; the K % 16 tail goes to lanes 0..), folded pairwise (lanes j and j + 8, then j + 4,
+ * + 2, + 1), products and sums never contracted into FMAs. The lanes are a GCC/clang vector type of 16 floats, which
+ * the compiler maps onto whatever each clone has (one AVX-512 register, two AVX2, four SSE2) with the same per-lane
+ * float32 operations, so the result is bit-identical across instruction sets, and a row's logits are the same
+ * whether it is computed alone (M = 1, decode) or in a prompt (M > 1).
+ * M = 1 reads the bf16 rows directly (4 rows per step: half the bytes of the fp32 MatMul, memory-bound); M > 1
+ * decodes each task's rows to float32 once (thread-local, exact) and runs 4x4 register tiles over them. */
+#define QO_LANES 16
+#define QO_BF16_ROWS_PER_TASK 64
+
+#if defined(__GNUC__) && !defined(__clang__)
+#define QO_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#define QO_NO_CONTRACT_BODY
+#elif defined(__clang__)
+#define QO_NO_CONTRACT
+#define QO_NO_CONTRACT_BODY _Pragma("clang fp contract(off)")
+#else
+#define QO_NO_CONTRACT
+#define QO_NO_CONTRACT_BODY
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+typedef float qo_v16 __attribute__((vector_size(64)));
+typedef uint16_t qo_u16x16 __attribute__((vector_size(32)));
+typedef uint32_t qo_u32x16 __attribute__((vector_size(64)));
+
+static inline qo_v16 load_f32x16(const float* p) {
+  qo_v16 v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+static inline qo_v16 load_bf16x16(const uint16_t* p) {
+  qo_u16x16 h;
+  memcpy(&h, p, sizeof h);
+  qo_u32x16 u = __builtin_convertvector(h, qo_u32x16) << 16;
+  qo_v16 v;
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+#else
+#error "the bf16 kernel needs GCC or clang vector extensions"
+#endif
+
+static inline float bf16_bits_to_f32(uint16_t bits) {
+  const uint32_t u = (uint32_t)bits << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static inline float fold_lanes(qo_v16 v) {
+  float s[QO_LANES];
+  memcpy(s, &v, sizeof s);
+  for (int width = QO_LANES / 2; width >= 1; width /= 2)
+    for (int j = 0; j < width; ++j) s[j] += s[j + width];
+  return s[0];
+}
+
+/* One A row against four bf16 weight rows (row stride K). */
+QO_SIMD_CLONES QO_NO_CONTRACT static void bf16_dot_1x4(const float* a, const uint16_t* w, int64_t K, float* y) {
+  QO_NO_CONTRACT_BODY
+  qo_v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+  int64_t k = 0;
+  for (; k + QO_LANES <= K; k += QO_LANES) {
+    const qo_v16 x = load_f32x16(a + k);
+    s0 += x * load_bf16x16(w + k);
+    s1 += x * load_bf16x16(w + K + k);
+    s2 += x * load_bf16x16(w + 2 * K + k);
+    s3 += x * load_bf16x16(w + 3 * K + k);
+  }
+  for (int j = 0; k + j < K; ++j) {
+    const float x = a[k + j];
+    s0[j] += x * bf16_bits_to_f32(w[k + j]);
+    s1[j] += x * bf16_bits_to_f32(w[K + k + j]);
+    s2[j] += x * bf16_bits_to_f32(w[2 * K + k + j]);
+    s3[j] += x * bf16_bits_to_f32(w[3 * K + k + j]);
+  }
+  y[0] = fold_lanes(s0);
+  y[1] = fold_lanes(s1);
+  y[2] = fold_lanes(s2);
+  y[3] = fold_lanes(s3);
+}
+
+QO_SIMD_CLONES QO_NO_CONTRACT static float bf16_dot_1x1(const float* a, const uint16_t* w, int64_t K) {
+  QO_NO_CONTRACT_BODY
+  qo_v16 s = {0};
+  int64_t k = 0;
+  for (; k + QO_LANES <= K; k += QO_LANES) s += load_f32x16(a + k) * load_bf16x16(w + k);
+  for (int j = 0; k + j < K; ++j) s[j] += a[k + j] * bf16_bits_to_f32(w[k + j]);
+  return fold_lanes(s);
+}
+
+/* Four A rows (stride K) against four decoded float32 weight rows (stride K): the same per-lane operations as
+ * bf16_dot_1x4, 16 accumulators. y[i * ldy + r]. */
+QO_SIMD_CLONES QO_NO_CONTRACT static void f32_dot_4x4(const float* a, const float* w, int64_t K, float* y,
+                                                      int64_t ldy) {
+  QO_NO_CONTRACT_BODY
+  qo_v16 s[4][4];
+  memset(s, 0, sizeof s);
+  int64_t k = 0;
+  for (; k + QO_LANES <= K; k += QO_LANES) {
+    const qo_v16 w0 = load_f32x16(w + k), w1 = load_f32x16(w + K + k), w2 = load_f32x16(w + 2 * K + k),
+                 w3 = load_f32x16(w + 3 * K + k);
+    for (int i = 0; i < 4; ++i) {
+      const qo_v16 x = load_f32x16(a + i * K + k);
+      s[i][0] += x * w0;
+      s[i][1] += x * w1;
+      s[i][2] += x * w2;
+      s[i][3] += x * w3;
+    }
+  }
+  for (int j = 0; k + j < K; ++j)
+    for (int i = 0; i < 4; ++i)
+      for (int r = 0; r < 4; ++r) s[i][r][j] += a[i * K + k + j] * w[r * K + k + j];
+  for (int i = 0; i < 4; ++i)
+    for (int r = 0; r < 4; ++r) y[i * ldy + r] = fold_lanes(s[i][r]);
+}
+
+QO_SIMD_CLONES QO_NO_CONTRACT static float f32_dot_1x1(const float* a, const float* w, int64_t K) {
+  QO_NO_CONTRACT_BODY
+  qo_v16 s = {0};
+  int64_t k = 0;
+  for (; k + QO_LANES <= K; k += QO_LANES) s += load_f32x16(a + k) * load_f32x16(w + k);
+  for (int j = 0; k + j < K; ++j) s[j] += a[k + j] * w[k + j];
+  return fold_lanes(s);
+}
+
+QO_SIMD_CLONES static void decode_bf16(const uint16_t* src, int64_t count, float* dst) {
+  int64_t i = 0;
+  for (; i + QO_LANES <= count; i += QO_LANES) {
+    const qo_v16 v = load_bf16x16(src + i);
+    memcpy(dst + i, &v, sizeof v);
+  }
+  for (; i < count; ++i) dst[i] = bf16_bits_to_f32(src[i]);
+}
+
+typedef struct {
+  const float* A;
+  const uint16_t* B;
+  float* Y;
+  int64_t M, N, K;
+  volatile int failed;
+} qo_bf16_job;
+
+static void bf16_task(void* data, size_t t) {
+  qo_bf16_job* job = (qo_bf16_job*)data;
+  const int64_t n0 = (int64_t)t * QO_BF16_ROWS_PER_TASK;
+  const int64_t n1 = n0 + QO_BF16_ROWS_PER_TASK < job->N ? n0 + QO_BF16_ROWS_PER_TASK : job->N;
+  const int64_t K = job->K, N = job->N, M = job->M;
+  const uint16_t* B = job->B;
+  if (M == 1) {
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4) bf16_dot_1x4(job->A, B + n * K, K, job->Y + n);
+    for (; n < n1; ++n) job->Y[n] = bf16_dot_1x1(job->A, B + n * K, K);
+    return;
+  }
+  /* M > 1: decode this task's rows once (exact), then 4x4 tiles; remainders one (m, n) at a time */
+  float* w = thread_block((QO_BF16_ROWS_PER_TASK * K + QO_ROWS_PER_BLOCK - 1) / QO_ROWS_PER_BLOCK);
+  if (!w) {
+    job->failed = 1;
+    return;
+  }
+  const int64_t rows = n1 - n0;
+  decode_bf16(B + n0 * K, rows * K, w);
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) {
+    const float* a = job->A + m * K;
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) f32_dot_4x4(a, w + r * K, K, job->Y + m * N + n0 + r, N);
+    for (; r < rows; ++r)
+      for (int i = 0; i < 4; ++i) job->Y[(m + i) * N + n0 + r] = f32_dot_1x1(a + i * K, w + r * K, K);
+  }
+  for (; m < M; ++m)
+    for (int64_t r = 0; r < rows; ++r) job->Y[m * N + n0 + r] = f32_dot_1x1(job->A + m * K, w + r * K, K);
+}
+
+int qo_matmul_bf16_f32(const float* A, const uint16_t* B, float* Y, int64_t M, int64_t N, int64_t K) {
+  if (!shape_ok(A, B, Y, M, N, K)) return QO_ERR_ARGUMENT;
+  if (M == 0 || N == 0) return QO_OK;
+  qo_bf16_job job = {A, B, Y, M, N, K, 0};
+  const int64_t tasks = (N + QO_BF16_ROWS_PER_TASK - 1) / QO_BF16_ROWS_PER_TASK;
+  const qo_parallel_runner* runner = tls_runner;
+  if (runner) {
+    if (runner->run(runner->context, bf16_task, (size_t)tasks, &job) != QO_OK) return QO_ERR_DEVICE;
+    return job.failed ? QO_ERR_ALLOC : QO_OK;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tasks; ++t) bf16_task(&job, (size_t)t);
+  return job.failed ? QO_ERR_ALLOC : QO_OK;
+}
+
+int qo_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_t M, int64_t N, int64_t K) {
+  if (!shape_ok(A, B, Y, M, N, K)) return QO_ERR_ARGUMENT;
+  if (M == 0 || N == 0) return QO_OK;
+  float* a32 = f16_to_f32_buffer(A, M * K);
+  float* y32 = (float*)malloc(sizeof(float) * (size_t)(M * N));
+  int status = QO_ERR_ALLOC;
+  if (a32 && y32) {
+    status = qo_matmul_bf16_f32(a32, B, y32, M, N, K);
+    if (status == QO_OK) f32_to_f16_buffer(y32, Y, M * N);
+  }
+  free(a32);
+  free(y32);
+  return status;
 }

@@ -2,6 +2,8 @@
  *   MXFP4: B uint8 [N, K/2] (element 2j in the low nibble of byte j), B_scale uint8 e8m0 [N, K/32]; K % 32 == 0.
  *   FP8:   B float8 e4m3fn codes [N, K], B_scale float [1] or [N] (b_scale_count), A_scale float (static variant)
  *          or a per-row scale max(max|row|/448, 1e-12) (dyn variant). a_q = sat_e4m3fn(A / scale).
+ *   BF16:  B bfloat16 bit patterns [N, K] (an lm_head as the checkpoint stores it); Y = A @ float(B).T, summed in
+ *          float32 in one fixed order (16 lanes, folded pairwise, no FMA): the same bits on every x86 CPU.
  * fp16 tensors are passed as uint16_t bit patterns. Accumulation is float32.
  * Return 0 on success, QO_ERR_* otherwise. */
 #ifndef QO_KERNELS_H
@@ -41,6 +43,8 @@ QO_API int qo_matmul_fp8_w8a8_dyn_f32(const float* A, const uint8_t* B, const fl
                                       int64_t b_scale_count, float* Y, int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_fp8_w8a8_dyn_f16(const uint16_t* A, const uint8_t* B, const float* B_scale,
                                       int64_t b_scale_count, uint16_t* Y, int64_t M, int64_t N, int64_t K);
+QO_API int qo_matmul_bf16_f32(const float* A, const uint16_t* B, float* Y, int64_t M, int64_t N, int64_t K);
+QO_API int qo_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_t M, int64_t N, int64_t K);
 
 /* ---- CPU parallel loop (not exported: for the ORT layer in the same library). By default the CPU kernels split
  * their work with OpenMP; a runner set on the calling thread replaces that, e.g. with ORT's intra-op thread pool
