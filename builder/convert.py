@@ -28,6 +28,7 @@ from .ops.moe import MOE_FORMS
 from .quant import LinearPlan, scheme_for
 from .quant.float_int8 import LM_HEAD_FORMS, FloatToInt8Linear
 from .quant.float_bf16 import FloatBf16Linear
+from .quant.float_bf16 import check_embedding as check_bf16_embedding
 from .quant.float_linear import FloatLinear
 from .quant.fp8_w8a8 import FP8_LINEAR_FORMS
 from .quant.int8_w8a8 import INT8_LINEAR_FORMS
@@ -132,6 +133,8 @@ def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, 
         if plan.has_bias:
             check_float_tensor(ckpt, f"{name}.bias", (n_out,))
         linears[name] = plan
+    if options.extra.get("embedding") == "bf16":
+        check_bf16_embedding(ckpt, ep)
     custom = Counter(op for lp in linears.values()
                      if (op := getattr(lp.scheme, "custom_op", lambda *_: None)(lp, ep, io)))
     notes += [kernel_note(op, n, ep.name, options.custom_ops_library, library_kernels) for op, n in custom.items()]

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import ml_dtypes
 import numpy as np
 
 from .checkpoint import Checkpoint
@@ -83,6 +84,26 @@ class EmitContext:
         if transpose:
             return self.graph.stream_columns(init_name, dtype, (shape[1], rows), blocks)
         return self.graph.stream(init_name, dtype, shape, blocks)
+
+    def bf16_initializer(self, tensor: str) -> str:
+        """A BF16 checkpoint tensor with its bits unchanged (`<tensor>.bf16`), streamed in row blocks; emitted once
+        and shared (a tied lm_head=bf16 reads the embedding=bf16 initializer)."""
+        name = f"{tensor}.bf16"
+        if self.graph.has(name):
+            return name
+        shape = self.ckpt.shape(tensor)
+        step = row_block(shape, np.uint16)
+        blocks = ordered_map(lambda start: self.ckpt.read_rows(tensor, start, start + step), range(0, shape[0], step))
+        return self.graph.stream(name, ml_dtypes.bfloat16, shape, (b.view(ml_dtypes.bfloat16) for b in blocks))
+
+    def embedding(self, input_ids: str, tensor: str = "model.embed_tokens.weight") -> str:
+        """Gather of the token embeddings in the io dtype. `--extra_options embedding=bf16` keeps the checkpoint's
+        bf16 table (half the bytes of fp32 in the file and in the session) and casts the gathered rows: exact."""
+        g = self.graph
+        if self.options.extra.get("embedding") == "bf16":
+            gathered = g.op("Gather", [self.bf16_initializer(tensor), input_ids], "/model/embed_tokens/Gather")
+            return g.op("Cast", [gathered], "/model/embed_tokens/Cast", to=IO_DTYPES[self.io])
+        return g.op("Gather", [self.float_initializer(tensor, tensor), input_ids], "/model/embed_tokens/Gather")
 
     @property
     def source(self) -> Path:

@@ -112,6 +112,9 @@ OPTIONS: dict[str, Option] = {
     "lm_head": Option(_choices_of(("builder.quant.float_int8", "LM_HEAD_FORMS")), _has_float_lm_head,
                       "float lm_head storage: float (exact) | int8 (8-bit MatMulNBits, not exact) | bf16 (checkpoint's "
                       "bf16 bits, custom-op kernel on CPU, exact)"),
+    "embedding": Option(choice("float", "bf16"), None,
+                        "token embedding storage: float (io dtype) | bf16 (checkpoint's bf16 bits, Gather + Cast, exact; "
+                        "cpu)"),
     "custom_ops_library": Option(_path, None, "custom-op shared library, copied into the output folder"),
 }
 

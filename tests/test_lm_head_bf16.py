@@ -153,3 +153,70 @@ def test_bf16_lm_head_refused_for_a_float32_checkpoint(tmp_path):
     r = run_builder("-i", src, "-o", tmp_path / "o", "-e", "cpu", "--extra_options", "lm_head=bf16")
     rc, err = r.returncode, r.stderr
     assert rc == 2 and "bf16 bits" in err and "F32" in err and len(err.strip().splitlines()) == 1
+
+
+def _tied_example(tmp_path: Path) -> Path:
+    """The shipped export with its lm_head dropped and tie_word_embeddings set (a tied bf16 model)."""
+    import json
+    import shutil
+
+    from safetensors.numpy import save_file
+    out = tmp_path / "tied_src"
+    shutil.copytree(EXAMPLE, out)
+    tensors = load_file(str(out / "model.safetensors"))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["tie_word_embeddings"] = True
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def _initializer_users(model_dir: Path) -> dict[str, list[str]]:
+    import onnx
+    model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
+    names = {t.name for t in model.graph.initializer}
+    users: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            if i in names:
+                users.setdefault(i, []).append(node.op_type)
+    return users
+
+
+def test_bf16_embedding_and_tied_lm_head_share_one_table(ort_ops_library, tmp_path):
+    src = _tied_example(tmp_path)
+    plain = build(src, tmp_path / "float", "cpu", "fp32", accuracy_level=1)
+    out = build(src, tmp_path / "bf16", "cpu", "fp32", accuracy_level=1, lm_head="bf16", embedding="bf16",
+                custom_ops_library=ort_ops_library)
+    # float: the tied lm_head is the embedding's own fp32 initializer (Gather + Gemm); bf16: one bf16 table for both
+    assert sorted(_initializer_users(plain)["model.embed_tokens.weight"]) == ["Gather", "Gemm"]
+    users = _initializer_users(out)
+    assert sorted(users["model.embed_tokens.weight.bf16"]) == ["Gather", "MatMulBf16"]
+    assert not any(name.startswith(("model.embed_tokens.weight", "lm_head")) and not name.endswith(".bf16")
+                   for name in users)
+    table = 256 * 64
+    assert (plain / "model.onnx.data").stat().st_size - (out / "model.onnx.data").stat().st_size == table * 2
+    ids = np.load(EXAMPLE / "reference.npz")["input_ids"]
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.register_custom_ops_library(ort_ops_library)
+    sess = ort.InferenceSession(str(out / "model.onnx"), so, providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    for inp in sess.get_inputs():
+        if inp.name.startswith("past_key_values"):
+            feeds[inp.name] = np.zeros((1, inp.shape[1], 0, inp.shape[3]), np.float32)
+    # the gathered rows are exact; the logits differ from the float build by float32 summation order only
+    assert float(np.abs(sess.run(["logits"], feeds)[0] - prompt_logits(plain, ids)).max()) <= 5e-6
+    assert genai_greedy(out, ids) == genai_greedy(plain, ids)
+
+
+def test_bf16_embedding_refusals(tmp_path):
+    r = run_builder("-i", EXAMPLE, "-o", tmp_path / "o", "-e", "cuda", "--extra_options", "embedding=bf16")
+    assert r.returncode == 2 and "embedding=bf16 is for the cpu EP" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+    from synthetic_export import write_synthetic_export
+    src = write_synthetic_export(tmp_path / "src")  # float32 tensors
+    r = run_builder("-i", src, "-o", tmp_path / "o", "-e", "cpu", "--extra_options", "embedding=bf16")
+    assert r.returncode == 2 and "F32" in r.stderr and "--extra_options embedding" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()

@@ -284,8 +284,7 @@ def build_graph(ctx, hp: DeepseekHyper, plans: dict, attention: MlaPlan) -> None
     rv = rope_values(ctx, g.initializer("cos_cache", cos.astype(ctx.io_np)),
                      g.initializer("sin_cache", sin.astype(ctx.io_np)))
 
-    embed = ctx.float_initializer("model.embed_tokens.weight", "model.embed_tokens.weight")
-    residual = g.op("Gather", [embed, io_values.input_ids], "/model/embed_tokens/Gather")
+    residual = ctx.embedding(io_values.input_ids)
     x = rms_norm(ctx, residual, "model.layers.0.input_layernorm.weight", hp.rms_norm_eps,
                  "/model/layers.0/input_layernorm/SimplifiedLayerNorm")
     for i in range(hp.num_layers):

@@ -124,10 +124,9 @@ def _rope_inputs(ctx, hp: DecoderHyper, seqlens: str, total_len: str) -> tuple[A
 def _scaled_embedding(ctx, hp: DecoderHyper, input_ids: str) -> str:
     """Gather, then * sqrt(hidden) rounded to the checkpoint's dtype (transformers: embed_scale.to(weight.dtype))."""
     g, name = ctx.graph, "model.embed_tokens.weight"
-    embed = ctx.float_initializer(name, name)
     ckpt_np = _CKPT_NP.get(ctx.ckpt.dtype(name), np.float32)
     scale = float(np.asarray(math.sqrt(hp.hidden_size), dtype=np.float32).astype(ckpt_np))
-    gathered = g.op("Gather", [embed, input_ids], "/model/embed_tokens/Gather")
+    gathered = ctx.embedding(input_ids, name)
     const = g.initializer("/model/embed_tokens/embed_scale", np.asarray(scale, dtype=ctx.io_np))
     return g.op("Mul", [gathered, const], "/model/embed_tokens/Mul")
 

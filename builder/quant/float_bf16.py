@@ -13,17 +13,28 @@ cannot read custom ops). Streamed from the checkpoint in row blocks, no transpos
 """
 from __future__ import annotations
 
-import ml_dtypes
-import numpy as np
-
-from ..emit_context import row_block
 from ..errors import ConversionError
-from ..pipeline import ordered_map
 from .base import LinearPlan
 from .float_linear import FloatLinear
 
 OP = "MatMulBf16"
 IO = ("fp32", "fp16")  # the kernel is registered for float and float16 A
+
+
+EMBEDDING = "model.embed_tokens.weight"
+
+
+def check_embedding(ckpt, ep) -> None:
+    """`--extra_options embedding=bf16` (EmitContext.embedding): a BF16 table, on the CPU EP (whose Gather and Cast
+    take bfloat16; not checked on the GPU EPs)."""
+    field = "--extra_options embedding"
+    if ep.name != "cpu":
+        raise ConversionError(f"embedding=bf16 is for the cpu EP, not {ep.name}", field=field, value="bf16",
+                              accepted="float")
+    if EMBEDDING in ckpt and ckpt.dtype(EMBEDDING) != "BF16":
+        raise ConversionError(f"embedding=bf16 keeps the checkpoint's bf16 bits, but {EMBEDDING} is "
+                              f"{ckpt.dtype(EMBEDDING)}", file=ckpt.model_dir, layer=EMBEDDING, field=field,
+                              value="bf16", accepted="float")
 
 
 class FloatBf16Linear(FloatLinear):
@@ -66,12 +77,7 @@ class FloatBf16Linear(FloatLinear):
         if ctx.io not in IO:
             raise ConversionError(f"lm_head=bf16 has no kernel for {ctx.io} io", layer=plan.name,
                                   field="--extra_options lm_head", value="bf16", accepted="float, int8")
-        tensor = plan.weight_name or f"{plan.name}.weight"
-        n, k = plan.out_features, plan.in_features
-        step = row_block((n, k), np.uint16)
         g = ctx.graph
-        blocks = ordered_map(lambda start: ctx.ckpt.read_rows(tensor, start, start + step), range(0, n, step))
-        b = g.stream(f"{plan.name}.weight.bf16", ml_dtypes.bfloat16, (n, k),
-                     (blk.view(ml_dtypes.bfloat16) for blk in blocks))
+        b = ctx.bf16_initializer(plan.weight_name or f"{plan.name}.weight")  # tied + embedding=bf16: shared
         g.add_function(FUNCTIONS[OP](g.opsets[""]), opset_version=1)
         return g.op(OP, [x, b], f"{plan.node_prefix}/{OP}", domain=DOMAIN)
