@@ -219,6 +219,23 @@ static void f32_to_f16_buffer(const float* src, uint16_t* dst, int64_t count) {
   for (int64_t i = 0; i < count; ++i) dst[i] = qo_f32_to_f16(src[i]);
 }
 
+/* fp16 A / Y around a float32 kernel: A widened into a buffer, the kernel run, Y narrowed (round to nearest even). */
+typedef int (*qo_f32_kernel_fn)(const float* A, float* Y, int64_t M, int64_t N, int64_t K, const void* args);
+
+static int through_f32(const uint16_t* A, uint16_t* Y, int64_t M, int64_t N, int64_t K, qo_f32_kernel_fn kernel,
+                       const void* args) {
+  float* a32 = f16_to_f32_buffer(A, M * K);
+  float* y32 = (float*)malloc(sizeof(float) * (size_t)(M * N));
+  int status = QO_ERR_ALLOC;
+  if (a32 && y32) {
+    status = kernel(a32, y32, M, N, K, args);
+    if (status == QO_OK) f32_to_f16_buffer(y32, Y, M * N);
+  }
+  free(a32);
+  free(y32);
+  return status;
+}
+
 static int shape_ok(const void* A, const void* B, const void* Y, int64_t M, int64_t N, int64_t K) {
   return A && B && Y && M >= 0 && N >= 0 && K > 0;
 }
@@ -232,20 +249,17 @@ int qo_matmul_mxfp4_f32(const float* A, const uint8_t* B, const uint8_t* B_scale
   return gemm_decoded(A, M, N, K, decode_mxfp4_rows, &weight, NULL, NULL, 1, Y);
 }
 
+static int mxfp4_f32_kernel(const float* A, float* Y, int64_t M, int64_t N, int64_t K, const void* args) {
+  const qo_mxfp4_weight* w = (const qo_mxfp4_weight*)args;
+  return qo_matmul_mxfp4_f32(A, w->packed, w->scales, Y, M, N, K);
+}
+
 int qo_matmul_mxfp4_f16(const uint16_t* A, const uint8_t* B, const uint8_t* B_scale, uint16_t* Y, int64_t M,
                         int64_t N, int64_t K) {
   if (!shape_ok(A, B, Y, M, N, K) || !B_scale || K % QO_MXFP4_BLOCK != 0) return QO_ERR_ARGUMENT;
   if (M == 0 || N == 0) return QO_OK;
-  float* a32 = f16_to_f32_buffer(A, M * K);
-  float* y32 = (float*)malloc(sizeof(float) * (size_t)(M * N));
-  int status = QO_ERR_ALLOC;
-  if (a32 && y32) {
-    status = qo_matmul_mxfp4_f32(a32, B, B_scale, y32, M, N, K);
-    if (status == QO_OK) f32_to_f16_buffer(y32, Y, M * N);
-  }
-  free(a32);
-  free(y32);
-  return status;
+  const qo_mxfp4_weight weight = {B, B_scale};
+  return through_f32(A, Y, M, N, K, mxfp4_f32_kernel, &weight);
 }
 
 /* ---------------- FP8 W8A8 ---------------- */
@@ -291,20 +305,24 @@ static int fp8_w8a8_f32(const float* A, const uint8_t* B, const float* B_scale, 
   return status;
 }
 
+typedef struct {
+  const uint8_t* B;
+  const float* B_scale;
+  int64_t b_scale_count;
+  const float* A_scale;
+} qo_fp8_args;
+
+static int fp8_f32_kernel(const float* A, float* Y, int64_t M, int64_t N, int64_t K, const void* args) {
+  const qo_fp8_args* f = (const qo_fp8_args*)args;
+  return fp8_w8a8_f32(A, f->B, f->B_scale, f->b_scale_count, f->A_scale, Y, M, N, K);
+}
+
 static int fp8_w8a8_f16(const uint16_t* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
                         const float* A_scale, uint16_t* Y, int64_t M, int64_t N, int64_t K) {
   if (!shape_ok(A, B, Y, M, N, K)) return QO_ERR_ARGUMENT;
   if (M == 0 || N == 0) return QO_OK;
-  float* a32 = f16_to_f32_buffer(A, M * K);
-  float* y32 = (float*)malloc(sizeof(float) * (size_t)(M * N));
-  int status = QO_ERR_ALLOC;
-  if (a32 && y32) {
-    status = fp8_w8a8_f32(a32, B, B_scale, b_scale_count, A_scale, y32, M, N, K);
-    if (status == QO_OK) f32_to_f16_buffer(y32, Y, M * N);
-  }
-  free(a32);
-  free(y32);
-  return status;
+  const qo_fp8_args args = {B, B_scale, b_scale_count, A_scale};
+  return through_f32(A, Y, M, N, K, fp8_f32_kernel, &args);
 }
 
 int qo_matmul_fp8_w8a8_f32(const float* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
@@ -352,17 +370,22 @@ int qo_matmul_fp8_w8a8_dyn_f16(const uint16_t* A, const uint8_t* B, const float*
 #endif
 
 #if defined(__GNUC__) || defined(__clang__)
+/* The 64-byte vector helpers below are static and always inlined into each clone: no call passes a vector across
+ * an ABI boundary, so GCC's note that such a call's ABI differs without AVX-512 does not apply. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 typedef float qo_v16 __attribute__((vector_size(64)));
 typedef uint16_t qo_u16x16 __attribute__((vector_size(32)));
 typedef uint32_t qo_u32x16 __attribute__((vector_size(64)));
 
-static inline qo_v16 load_f32x16(const float* p) {
+static inline __attribute__((always_inline)) qo_v16 load_f32x16(const float* p) {
   qo_v16 v;
   memcpy(&v, p, sizeof v);
   return v;
 }
 
-static inline qo_v16 load_bf16x16(const uint16_t* p) {
+static inline __attribute__((always_inline)) qo_v16 load_bf16x16(const uint16_t* p) {
   qo_u16x16 h;
   memcpy(&h, p, sizeof h);
   qo_u32x16 u = __builtin_convertvector(h, qo_u32x16) << 16;
@@ -381,9 +404,9 @@ static inline float bf16_bits_to_f32(uint16_t bits) {
   return f;
 }
 
-static inline float fold_lanes(qo_v16 v) {
+static inline __attribute__((always_inline)) float fold_lanes(const qo_v16* v) {
   float s[QO_LANES];
-  memcpy(s, &v, sizeof s);
+  memcpy(s, v, sizeof s);
   for (int width = QO_LANES / 2; width >= 1; width /= 2)
     for (int j = 0; j < width; ++j) s[j] += s[j + width];
   return s[0];
@@ -408,10 +431,10 @@ QO_SIMD_CLONES QO_NO_CONTRACT static void bf16_dot_1x4(const float* a, const uin
     s2[j] += x * bf16_bits_to_f32(w[2 * K + k + j]);
     s3[j] += x * bf16_bits_to_f32(w[3 * K + k + j]);
   }
-  y[0] = fold_lanes(s0);
-  y[1] = fold_lanes(s1);
-  y[2] = fold_lanes(s2);
-  y[3] = fold_lanes(s3);
+  y[0] = fold_lanes(&s0);
+  y[1] = fold_lanes(&s1);
+  y[2] = fold_lanes(&s2);
+  y[3] = fold_lanes(&s3);
 }
 
 QO_SIMD_CLONES QO_NO_CONTRACT static float bf16_dot_1x1(const float* a, const uint16_t* w, int64_t K) {
@@ -420,7 +443,7 @@ QO_SIMD_CLONES QO_NO_CONTRACT static float bf16_dot_1x1(const float* a, const ui
   int64_t k = 0;
   for (; k + QO_LANES <= K; k += QO_LANES) s += load_f32x16(a + k) * load_bf16x16(w + k);
   for (int j = 0; k + j < K; ++j) s[j] += a[k + j] * bf16_bits_to_f32(w[k + j]);
-  return fold_lanes(s);
+  return fold_lanes(&s);
 }
 
 /* Four A rows (stride K) against four decoded float32 weight rows (stride K): the same per-lane operations as
@@ -446,7 +469,7 @@ QO_SIMD_CLONES QO_NO_CONTRACT static void f32_dot_4x4(const float* a, const floa
     for (int i = 0; i < 4; ++i)
       for (int r = 0; r < 4; ++r) s[i][r][j] += a[i * K + k + j] * w[r * K + k + j];
   for (int i = 0; i < 4; ++i)
-    for (int r = 0; r < 4; ++r) y[i * ldy + r] = fold_lanes(s[i][r]);
+    for (int r = 0; r < 4; ++r) y[i * ldy + r] = fold_lanes(&s[i][r]);
 }
 
 QO_SIMD_CLONES QO_NO_CONTRACT static float f32_dot_1x1(const float* a, const float* w, int64_t K) {
@@ -455,7 +478,7 @@ QO_SIMD_CLONES QO_NO_CONTRACT static float f32_dot_1x1(const float* a, const flo
   int64_t k = 0;
   for (; k + QO_LANES <= K; k += QO_LANES) s += load_f32x16(a + k) * load_f32x16(w + k);
   for (int j = 0; k + j < K; ++j) s[j] += a[k + j] * w[k + j];
-  return fold_lanes(s);
+  return fold_lanes(&s);
 }
 
 QO_SIMD_CLONES static void decode_bf16(const uint16_t* src, int64_t count, float* dst) {
@@ -522,17 +545,12 @@ int qo_matmul_bf16_f32(const float* A, const uint16_t* B, float* Y, int64_t M, i
   return job.failed ? QO_ERR_ALLOC : QO_OK;
 }
 
+static int bf16_f32_kernel(const float* A, float* Y, int64_t M, int64_t N, int64_t K, const void* args) {
+  return qo_matmul_bf16_f32(A, (const uint16_t*)args, Y, M, N, K);
+}
+
 int qo_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_t M, int64_t N, int64_t K) {
   if (!shape_ok(A, B, Y, M, N, K)) return QO_ERR_ARGUMENT;
   if (M == 0 || N == 0) return QO_OK;
-  float* a32 = f16_to_f32_buffer(A, M * K);
-  float* y32 = (float*)malloc(sizeof(float) * (size_t)(M * N));
-  int status = QO_ERR_ALLOC;
-  if (a32 && y32) {
-    status = qo_matmul_bf16_f32(a32, B, y32, M, N, K);
-    if (status == QO_OK) f32_to_f16_buffer(y32, Y, M * N);
-  }
-  free(a32);
-  free(y32);
-  return status;
+  return through_f32(A, Y, M, N, K, bf16_f32_kernel, B);
 }
