@@ -25,19 +25,29 @@ def build(export: Path, out: Path, ep: str = "cpu", precision: str | None = "fp3
     return out
 
 
-def prompt_logits(model_dir: Path, input_ids: np.ndarray, session_config: dict | None = None) -> np.ndarray:
-    """Logits of the whole prompt in one run with an empty KV cache (CPU EP)."""
+def prompt_logits(model_dir: Path, input_ids: np.ndarray, session_config: dict | None = None,
+                  custom_ops_library: str | None = None, profile_nodes: list | None = None) -> np.ndarray:
+    """Logits of the whole prompt in one run with an empty KV cache (CPU EP), optionally with a custom-op library
+    registered; `profile_nodes` (a list) receives the profiled (op, provider) pairs."""
     so = ort.SessionOptions()
     so.log_severity_level = 3
     for key, value in (session_config or {}).items():
         so.add_session_config_entry(key, value)
+    if custom_ops_library:
+        so.register_custom_ops_library(custom_ops_library)
+    if profile_nodes is not None:
+        so.enable_profiling = True
     sess = ort.InferenceSession(str(model_dir / "model.onnx"), so, providers=["CPUExecutionProvider"])
     feeds = {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids)}
     for inp in sess.get_inputs():
         if inp.name.startswith("past_key_values"):
             dtype = np.float16 if "float16" in inp.type else np.float32
             feeds[inp.name] = np.zeros((input_ids.shape[0], inp.shape[1], 0, inp.shape[3]), dtype=dtype)
-    return sess.run(["logits"], feeds)[0].astype(np.float32)
+    logits = sess.run(["logits"], feeds)[0].astype(np.float32)
+    if profile_nodes is not None:
+        from custom_ops.single_op import profiled_nodes
+        profile_nodes.extend(profiled_nodes(sess))
+    return logits
 
 
 def genai_greedy(model_dir: Path, input_ids: np.ndarray, new_tokens: int = NEW_TOKENS) -> list[int]:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-import onnxruntime as ort
 import pytest
 from safetensors.numpy import load_file
 
@@ -115,19 +114,10 @@ def test_bf16_lm_head_model(ort_ops_library, tmp_path):
     ckpt = load_file(str(export / "model.safetensors"))["lm_head.weight"]
     assert np.array_equal(np.asarray(stored).view(np.uint16), np.asarray(ckpt).view(np.uint16))
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.register_custom_ops_library(ort_ops_library)
-    so.enable_profiling = True
-    so.profile_file_prefix = str(tmp_path / "prof")
-    sess = ort.InferenceSession(str(out / "model.onnx"), so, providers=["CPUExecutionProvider"])
     ids = reference["input_ids"]
-    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-    for inp in sess.get_inputs():
-        if inp.name.startswith("past_key_values"):
-            feeds[inp.name] = np.zeros((1, inp.shape[1], 0, inp.shape[3]), np.float32)
-    logits = sess.run(["logits"], feeds)[0]
-    assert ("MatMulBf16", "CPUExecutionProvider") in profiled_nodes(sess)  # the kernel ran, not the function
+    nodes: list = []
+    logits = prompt_logits(out, ids, custom_ops_library=ort_ops_library, profile_nodes=nodes)
+    assert ("MatMulBf16", "CPUExecutionProvider") in nodes  # the kernel ran, not the function
     float_logits = prompt_logits(plain, ids)
     # same arithmetic as the float lm_head up to float32 summation order: measured 4.8e-7 on logits of std 0.77
     assert float(np.abs(logits - float_logits).max()) <= 5e-6
@@ -198,16 +188,9 @@ def test_bf16_embedding_and_tied_lm_head_share_one_table(ort_ops_library, tmp_pa
     table = 256 * 64
     assert (plain / "model.onnx.data").stat().st_size - (out / "model.onnx.data").stat().st_size == table * 2
     ids = np.load(EXAMPLE / "reference.npz")["input_ids"]
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.register_custom_ops_library(ort_ops_library)
-    sess = ort.InferenceSession(str(out / "model.onnx"), so, providers=["CPUExecutionProvider"])
-    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-    for inp in sess.get_inputs():
-        if inp.name.startswith("past_key_values"):
-            feeds[inp.name] = np.zeros((1, inp.shape[1], 0, inp.shape[3]), np.float32)
+    logits = prompt_logits(out, ids, custom_ops_library=ort_ops_library)
     # the gathered rows are exact; the logits differ from the float build by float32 summation order only
-    assert float(np.abs(sess.run(["logits"], feeds)[0] - prompt_logits(plain, ids)).max()) <= 5e-6
+    assert float(np.abs(logits - prompt_logits(plain, ids)).max()) <= 5e-6
     assert genai_greedy(out, ids) == genai_greedy(plain, ids)
 
 
