@@ -1,16 +1,23 @@
 """Llama-3 shapes (vocab 128256): this builder vs the onnxruntime-genai 0.18 builder on the same synthetic export.
 
-    python benchmarks/llama3_vs_genai.py --shape llama3-1b --work DIR [--anchor] [--variants float,int8]
-                                          [--decode_rounds 2] [--json OUT] [--table OUT.md]
+    python benchmarks/llama3_vs_genai.py --shape llama3-1b --work DIR [--anchor] [--variants float,int8,fp16]
+                                          [--convert_rounds 2] [--decode_rounds 2] [--json OUT] [--table OUT.md]
 
 For one shape (benchmarks/synthetic_quark_export.py presets llama3-1b / llama3-8b / llama3-70b-sliced) it
 - writes the export into DIR (once; kept for reruns) with tokenizer files the genai builder needs;
 - converts it with this builder (`float`: the default exact float lm_head/embedding; `int8`: --extra_options
-  lm_head=int8) and, with --anchor, with `python -m onnxruntime_genai.models.builder -p int4 -e cpu` plus the flags
-  that keep the float lm_head/embedding exact (shared_embeddings=false, nodes_to_exclude=/lm_head/MatMul,
-  /model/embed_tokens/Gather, accuracy_level=4), each in a fresh process under /usr/bin/time -v (wall, peak RSS);
-- measures the I/O floor of the same run: reading every input file (page cache as the conversion found it) and
-  writing a file the size of our output in 16 MiB pwrites, in the output's file system;
+  lm_head=int8; `bf16`: --extra_options lm_head=bf16 with the custom-op library; `bf16all`: that plus
+  embedding=bf16; `fp16`: -p fp16, fp16 storage of
+  every float tensor and fp16 activations) and, with --anchor, with
+  `python -m onnxruntime_genai.models.builder -p int4 -e cpu` plus the flags that keep the float lm_head/embedding
+  exact (shared_embeddings=false, nodes_to_exclude=/lm_head/MatMul,/model/embed_tokens/Gather, accuracy_level=4),
+  each in a fresh process under /usr/bin/time -v (wall, peak RSS);
+- measures the I/O floor right after each ours-float conversion, in the same state: reading every input file and
+  writing a file the size of our output in 16 MiB pwrites, in the output's file system. Every timed step starts with
+  the dirty pages flushed (sync); with --controlled also with the page cache dropped and the export read back in
+  (warm input, free memory), because on a VM the cost of page-cache writes depends on what memory holds. With
+  --convert_rounds N every variant is converted N times, interleaved with the floors; medians are reported, and the
+  ratio of each conversion to its adjacent floor;
 - with --decode_rounds N: decode tokens/s and prefill ms of every output, each measurement a fresh process, the
   outputs interleaved A/B/C/A/B/C so machine noise hits all of them; best of the rounds is reported;
 - the max |logit difference| of each output against ours-float on one prompt (ORT CPU, empty KV cache), and the
@@ -66,6 +73,44 @@ def read_floor(folder: Path) -> float:
     return time.perf_counter() - t
 
 
+def variant_flags(v: str) -> list[str]:
+    """Builder flags of one of our variants. bf16 needs the custom-op library (`python -m custom_ops.ort_library`)."""
+    if v == "float":
+        return []
+    if v == "fp16":
+        return ["-p", "fp16"]
+    if v in ("bf16", "bf16all"):  # bf16all: the embedding too (a tied lm_head then shares its one bf16 table)
+        from custom_ops.ort_library import library_path
+        return ["--extra_options", "lm_head=bf16", f"custom_ops_library={library_path()}",
+                *(["embedding=bf16"] if v == "bf16all" else [])]
+    return ["--extra_options", f"lm_head={v}"]
+
+
+def median(values: list[float]) -> float:
+    v = sorted(values)
+    return round((v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2, 2)
+
+
+def settle(export: Path, controlled: bool) -> None:
+    """Before a timed step: dirty pages flushed; with --controlled also the page cache dropped (root only) and the
+    export read back in, so every step starts with the input warm and the rest of memory free."""
+    os.sync()
+    if controlled:
+        try:
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        except OSError as exc:
+            print(f"--controlled: cannot drop the page cache ({exc}); input warmed only", file=sys.stderr)
+        read_floor(export)
+
+
+def io_floor(export: Path, work: Path, nbytes: int) -> dict:
+    """Read every input file, then write `nbytes` (our output's size) in the output's file system."""
+    read_s = read_floor(export)
+    os.sync()
+    return {"read_s": round(read_s, 1), "write_s": round(write_floor(work / "floor.bin", nbytes), 1),
+            "bytes": nbytes}
+
+
 def write_floor(path: Path, nbytes: int) -> float:
     block = np.random.default_rng(0).integers(0, 256, 16 << 20, dtype=np.uint8).tobytes()
     t = time.perf_counter()
@@ -118,8 +163,11 @@ def child_logits(model_dir: str, npz: str, seq_len: int) -> dict:
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    sess = ort.InferenceSession(str(Path(model_dir) / "model.onnx"), so, providers=["CPUExecutionProvider"])
     cfg = json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]
+    library = cfg["decoder"].get("session_options", {}).get("custom_ops_library")
+    if library:  # bundled next to the model (lm_head=bf16): the kernel, as og.Model runs it
+        so.register_custom_ops_library(str(Path(model_dir) / library))
+    sess = ort.InferenceSession(str(Path(model_dir) / "model.onnx"), so, providers=["CPUExecutionProvider"])
     vocab, dec = cfg["vocab_size"], cfg["decoder"]
     ids = np.random.default_rng(1).integers(3, vocab, size=(1, seq_len), dtype=np.int64)
     feeds = {}
@@ -172,7 +220,12 @@ def main() -> int:
     ap.add_argument("--shape", required=True, choices=sorted(PRESETS))
     ap.add_argument("--work", required=True, help="scratch folder for the export and the outputs")
     ap.add_argument("--anchor", action="store_true", help="also run the onnxruntime-genai builder")
-    ap.add_argument("--variants", default="float,int8", help="ours: float (default lm_head), int8 (lm_head=int8)")
+    ap.add_argument("--variants", default="float,int8",
+                    help="ours: float (default lm_head), int8 (lm_head=int8), bf16 (lm_head=bf16 + the custom-op "
+                         "library), bf16all (bf16 + embedding=bf16), fp16 (-p fp16)")
+    ap.add_argument("--convert_rounds", type=int, default=1)
+    ap.add_argument("--controlled", action="store_true",
+                    help="drop the page cache and re-read the export before every timed step (needs root)")
     ap.add_argument("--decode_rounds", type=int, default=0)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--prompt_len", type=int, default=16)
@@ -190,18 +243,39 @@ def main() -> int:
     res: dict = {"shape": a.shape, "export_bytes": folder_bytes(export), "machine": machine(), "outputs": {}}
     outs: dict[str, Path] = {}
     variants = [v for v in a.variants.split(",") if v]
+    floors = []
+    for rnd in range(max(1, a.convert_rounds)):
+        for v in variants:
+            out = work / f"ours-{v}-{a.shape}"
+            shutil.rmtree(out, ignore_errors=True)
+            extra = variant_flags(v)
+            settle(export, a.controlled)
+            r = timed([sys.executable, "-m", "builder", "-i", str(export), "-o", str(out), "-e", "cpu", *extra],
+                      REPO, work / f"ours-{v}-{rnd}.log")
+            r["output_bytes"] = folder_bytes(out) if out.exists() else None
+            res["outputs"].setdefault(f"ours-{v}", {"convert_rounds": []})["convert_rounds"].append(r)
+            outs[f"ours-{v}"] = out
+            print(f"convert round {rnd} ours-{v}: {r}", flush=True)
+            if v == "float" and r["output_bytes"]:  # the floor right after, in the same state
+                settle(export, a.controlled)
+                floors.append(io_floor(export, work, r["output_bytes"]))
+                print(f"convert round {rnd} I/O floor: {floors[-1]}", flush=True)
     for v in variants:
-        out = work / f"ours-{v}-{a.shape}"
-        shutil.rmtree(out, ignore_errors=True)
-        extra = [] if v == "float" else ["--extra_options", f"lm_head={v}"]
-        r = timed([sys.executable, "-m", "builder", "-i", str(export), "-o", str(out), "-e", "cpu", *extra], REPO,
-                  work / f"ours-{v}.log")
-        r["output_bytes"] = folder_bytes(out) if out.exists() else None
-        res["outputs"][f"ours-{v}"], outs[f"ours-{v}"] = r, out
-        if v == "float" and out.exists():  # I/O floor of this run: read our input, write our output's size
-            res["read_floor_s"] = round(read_floor(export), 1)
-            res["write_floor_s"] = round(write_floor(work / "floor.bin", r["output_bytes"]), 1)
-            res["io_floor_s"] = round(res["read_floor_s"] + res["write_floor_s"], 1)
+        rounds = res["outputs"][f"ours-{v}"]["convert_rounds"]
+        res["outputs"][f"ours-{v}"].update({k: rounds[-1][k] for k in ("rc", "output_bytes")})
+        res["outputs"][f"ours-{v}"]["wall_s"] = median([r["wall_s"] for r in rounds])
+        res["outputs"][f"ours-{v}"]["peak_rss_mib"] = max(r["peak_rss_mib"] or 0 for r in rounds)
+        res["outputs"][f"ours-{v}"]["cpu_percent"] = median([r["cpu_percent"] or 0 for r in rounds])
+    if floors:
+        res["io_floor_runs"] = floors
+        res["read_floor_s"] = median([f["read_s"] for f in floors])
+        res["write_floor_s"] = median([f["write_s"] for f in floors])
+        res["io_floor_s"] = median([f["read_s"] + f["write_s"] for f in floors])
+        pairs = [r["wall_s"] / (f["read_s"] + f["write_s"])
+                 for r, f in zip(res["outputs"]["ours-float"]["convert_rounds"], floors)]
+        res["outputs"]["ours-float"]["convert_over_adjacent_floor"] = [round(x, 2) for x in pairs]
+        for v in variants:
+            r = res["outputs"][f"ours-{v}"]
             r["convert_over_io_floor"] = round(r["wall_s"] / max(res["io_floor_s"], 1e-3), 2)
     if a.anchor:
         out = work / f"anchor-{a.shape}"
