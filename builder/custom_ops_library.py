@@ -75,7 +75,8 @@ def kernel_note(op: str, count: int, ep_name: str, library: str | None, kernels:
     """What runs a com.quark_onnx node on this EP, for `inspect` and the conversion log."""
     head = f"com.quark_onnx.{op} x{count} on {ep_name}: "
     if not library:
-        return head + ("its ONNX function (standard ops; the weight is dequantized on every run). For the kernel: "
+        return head + ("its ONNX function (standard ops; ORT constant-folds the weight into a dense float one at load: "
+                       "the default form's speed and memory). For the kernel: "
                        "--extra_options custom_ops_library=PATH (`python -m custom_ops.ort_library` builds one)")
     if not kernels:
         return head + f"the kernel of {Path(library).name} if it registers {op} (not a quark_onnx_ops build), else " \
