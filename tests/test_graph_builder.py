@@ -50,3 +50,35 @@ def test_external_offsets_are_aligned(tmp_path):
     model = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False)
     offsets = [int(next(e.value for e in t.external_data if e.key == "offset")) for t in model.graph.initializer]
     assert all(o % 64 == 0 for o in offsets) and len(set(offsets)) == 5
+
+
+def test_writer_thread_error_reaches_the_caller():
+    """A failed background pwrite (here ENOSPC from /dev/full) is raised in the thread that adds tensors, by a later
+    put or by finish(), never lost; abort() after it returns."""
+    import errno
+
+    import pytest
+
+    g = GraphBuilder("/dev/full")
+    assert g._writer is not None  # the writer thread is on by default
+    blocks = (np.zeros((1024, 1024), np.float32) for _ in range(32))  # 4 MiB each, above the writer's minimum
+    with pytest.raises(OSError) as excinfo:
+        g.stream("big", np.float32, (32 * 1024, 1024), blocks)
+        g._close()
+    assert excinfo.value.errno == errno.ENOSPC
+    g.abort()
+
+
+def test_writer_thread_output_equals_inline_writes(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    blocks = [rng.standard_normal((512, 1024)).astype(np.float32) for _ in range(6)]
+    out = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv("QO_WRITER_THREAD", mode)
+        g = GraphBuilder(tmp_path / f"w{mode}.data")
+        assert (g._writer is not None) == (mode == "1")
+        g.initializer("small", np.arange(10, dtype=np.float32))
+        g.stream("big", np.float32, (3072, 1024), iter(blocks))
+        g.finish(tmp_path / f"w{mode}.onnx")
+        out[mode] = (tmp_path / f"w{mode}.data").read_bytes()
+    assert out["1"] == out["0"] and len(out["1"]) >= 3072 * 1024 * 4
