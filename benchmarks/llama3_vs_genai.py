@@ -1,6 +1,6 @@
 """Llama-3 shapes (vocab 128256): this builder vs the onnxruntime-genai 0.18 builder on the same synthetic export.
 
-    python benchmarks/llama3_vs_genai.py --shape llama3-1b --work DIR [--anchor] [--variants float,int8,fp16]
+    python benchmarks/llama3_vs_genai.py --shape llama3-1b --work DIR [--anchor] [--variants float,int8,bf16,bf16all,fp16]
                                           [--convert_rounds 2] [--decode_rounds 2] [--json OUT] [--table OUT.md]
 
 For one shape (benchmarks/synthetic_quark_export.py presets llama3-1b / llama3-8b / llama3-70b-sliced) it
@@ -280,6 +280,7 @@ def main() -> int:
     if a.anchor:
         out = work / f"anchor-{a.shape}"
         shutil.rmtree(out, ignore_errors=True)
+        settle(export, a.controlled)
         r = timed([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(export), "-o", str(out), "-p",
                    "int4", "-e", "cpu", "-c", str(work / "anchor-cache"), *ANCHOR_FLAGS], work, work / "anchor.log")
         shutil.rmtree(work / "anchor-cache", ignore_errors=True)

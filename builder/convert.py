@@ -106,7 +106,7 @@ def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, 
                 raise ConversionError("lm_head.weight missing and tie_word_embeddings is false", file=source,
                                       layer="lm_head", field="tie_word_embeddings", value=False)
             weight_name, spec = "model.embed_tokens.weight", None
-            notes.append("lm_head is tied to the float embedding: emitted as a float MatMul (not re-quantized)")
+            notes.append("lm_head is tied to the float embedding: emitted as a float matmul on it (not re-quantized)")
         elif spec is not None and spec.weight and f"{name}.weight_scale" not in ckpt \
                 and ckpt.dtype(f"{name}.weight") in ("F32", "F16", "BF16") and not spec.input_tensors:
             notes.append(f"{name}: config resolves to {spec.short()} but the checkpoint has no weight_scale; "
@@ -117,16 +117,14 @@ def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, 
                                   "attention)", file=config_file, layer=name, field=f"{spec.source}.output_tensors",
                                   value=spec.output_tensors[0].short())
         scheme = scheme_for(spec, name, config_file)
-        lm_head_form = options.extra.get("lm_head")
-        if name == "lm_head" and lm_head_form in ("int8", "bf16"):
+        form = options.extra.get("lm_head")
+        if name == "lm_head" and form in LM_HEAD_SCHEMES:
             if scheme is FloatLinear:
-                scheme = FloatToInt8Linear if lm_head_form == "int8" else FloatBf16Linear
+                scheme, tied_note = LM_HEAD_SCHEMES[form]
                 if weight_name:
-                    notes[-1] = ("lm_head is tied to the float embedding: lm_head=int8 quantizes a copy of it to 8 bits"
-                                 if lm_head_form == "int8" else
-                                 "lm_head is tied to the float embedding: lm_head=bf16 stores a bf16 copy of it")
+                    notes[-1] = f"lm_head is tied to the float embedding: lm_head={form} {tied_note}"
             else:
-                notes.append(f"lm_head={lm_head_form} not applied: the checkpoint's lm_head is already quantized")
+                notes.append(f"lm_head={form} not applied: the checkpoint's lm_head is already quantized")
         plan = LinearPlan(name=name, in_features=n_in, out_features=n_out, spec=spec, scheme=scheme,
                           has_bias=f"{name}.bias" in ckpt, node_prefix=prefix, weight_name=weight_name)
         scheme.check(plan, ckpt, ep)
@@ -190,6 +188,10 @@ def read_generation_config(source: Path) -> dict:
 # --extra_options that choose among a fixed set of forms, with the values each takes. The first three override the
 # EP profile's field of the same name.
 EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "int8_linear": INT8_LINEAR_FORMS, "fp4_linear": FP4_LINEAR_METHODS}
+# --extra_options lm_head forms that replace a float lm_head: (scheme, what happens to a tied embedding)
+LM_HEAD_SCHEMES = {"int8": (FloatToInt8Linear, "quantizes a copy of it to 8 bits"),
+                   "bf16": (FloatBf16Linear, "reads its bf16 bits (one table with embedding=bf16, else a copy)")}
+
 OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS, "lm_head": LM_HEAD_FORMS}
 
 

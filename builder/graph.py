@@ -237,9 +237,10 @@ class _Writer:
     """One thread that does the big pwrites, so the thread that plans and reads never waits on the page cache.
 
     The page-cache copy of the output is the largest single cost of a conversion (at the Llama-3 8B shape, 7.4 GiB:
-    6-10 s of kernel time, docs/benchmarks.md); on the main thread it serialised with everything the main thread
+    6-16 s for the I/O floor's writes alone on the development VM, docs/benchmarks.md); on the main thread it serialised with everything the main thread
     does besides (reading packed weights and scales, handing blocks to the workers). Writes go in submission order;
-    at most WRITER_QUEUE_BYTES wait. pwrite releases the GIL. The first error (ENOSPC, EFBIG, ...) is re-raised in
+    at most WRITER_QUEUE_BYTES wait. pwrite releases the GIL. A queued write reads the caller's array when it runs, so
+    an array handed to GraphBuilder must not be modified afterwards (none is: blocks are fresh, initializers final). The first error (ENOSPC, EFBIG, ...) is re-raised in
     the submitting thread by the next put() or by close(); nothing queued after it is written."""
 
     def __init__(self, fd: int, max_bytes: int = WRITER_QUEUE_BYTES):

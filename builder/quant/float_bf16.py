@@ -14,13 +14,11 @@ cannot read custom ops). Streamed from the checkpoint in row blocks, no transpos
 from __future__ import annotations
 
 from ..errors import ConversionError
+from . import fp8_custom_op
 from .base import LinearPlan
 from .float_linear import FloatLinear
 
-OP = "MatMulBf16"
-IO = ("fp32", "fp16")  # the kernel is registered for float and float16 A
-
-
+OP = "MatMulBf16"  # registered for float and float16 A: every io the cpu EP allows (ep_configs/cpu.py)
 EMBEDDING = "model.embed_tokens.weight"
 
 
@@ -55,12 +53,10 @@ class FloatBf16Linear(FloatLinear):
             raise ConversionError(f"lm_head=bf16 keeps the checkpoint's bf16 bits, but {tensor} is "
                                   f"{ckpt.dtype(tensor)}", file=ckpt.model_dir, layer=plan.name,
                                   field="--extra_options lm_head", value="bf16", accepted="float, int8")
-        try:
-            import custom_ops.functions  # noqa: F401
-        except ImportError:
+        if not fp8_custom_op.available():
             raise ConversionError("lm_head=bf16 needs the custom_ops package (its ONNX-function fallback)",
                                   layer=plan.name, field="--extra_options lm_head", value="bf16",
-                                  accepted="float, int8") from None
+                                  accepted="float, int8")
 
     @classmethod
     def custom_op(cls, plan: LinearPlan, ep, io: str | None = None) -> str | None:
@@ -74,9 +70,6 @@ class FloatBf16Linear(FloatLinear):
     def emit(cls, ctx, plan: LinearPlan, x: str) -> str:
         from custom_ops.functions import DOMAIN, FUNCTIONS
 
-        if ctx.io not in IO:
-            raise ConversionError(f"lm_head=bf16 has no kernel for {ctx.io} io", layer=plan.name,
-                                  field="--extra_options lm_head", value="bf16", accepted="float, int8")
         g = ctx.graph
         b = ctx.bf16_initializer(plan.weight_name or f"{plan.name}.weight")  # tied + embedding=bf16: shared
         g.add_function(FUNCTIONS[OP](g.opsets[""]), opset_version=1)

@@ -1,9 +1,9 @@
 """Unquantized (excluded or float-checkpoint) linears: a plain MatMul on W.T in the io dtype.
 
 The float lm_head on the CPU EP with fp32 io is the exception: it keeps the checkpoint's [vocab, hidden] row order
-and multiplies with Gemm(transB=1) (x reshaped to 2-D and back). ORT 1.32's CPU Gemm prepacks B like MatMul does, so
-decode and prefill run at the same speed and memory (benchmarks/lm_head_forms.py: 36.5 vs 36.9 ms at M=1, 234.7 vs
-229.2 ms at M=128, hidden 2048, vocab 128256), while conversion writes it as a sequential row stream instead of
+and multiplies with Gemm(transB=1) (x reshaped to 2-D and back). On ORT 1.32's CPU EP that measured the same speed
+and session memory as the MatMul on the transposed copy (hidden 2048, vocab 128256: 36.5 vs 36.9 ms at M=1, 234.7 vs
+229.2 ms at M=128, 1148 MiB RSS each; benchmarks/lm_head_forms.py has both rows), while conversion writes it as a sequential row stream instead of
 scattering every column band of a transposed copy (at the Llama-3 8B shape the scattered writes were 6.9 s of the
 main thread's 13 s of writes: docs/benchmarks.md). A tied lm_head then is the embedding's own initializer: one copy
 in model.onnx.data instead of two.

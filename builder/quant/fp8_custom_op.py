@@ -24,6 +24,7 @@ def custom_op_for(mode: str, io: str | None) -> str | None:
 
 
 def available() -> bool:
+    """Whether the custom_ops package (the ops' ONNX-function fallbacks) is importable."""
     try:
         import custom_ops.functions  # noqa: F401
     except ImportError:
