@@ -31,7 +31,8 @@ from ..ops.mla_attention import mla_attention, rope_values
 from ..ops.grouped_qmoe import routed_qmoe
 from ..ops.grouped_topk_router import grouped_topk_weights
 from ..ops.mlp import silu_mlp
-from ..ops.moe import routed_block_size
+from ..ops import routed_experts
+from ..ops.moe import expert_form
 from ..ops.norm import rms_norm, skip_rms_norm
 from ..ops.rotary import cos_sin_caches, yarn_mscale
 from ..quant.fp8_w8a8 import scalar_scale
@@ -313,9 +314,15 @@ def moe_block(ctx, i: int, x: str, plans: dict, hp: DeepseekHyper) -> str:
         weights = g.op("Cast", [weights], f"{prefix}/router/CastBack", to=ctx.io_type)
     experts = [tuple(plans[n] for n in expert_linears(hp, i, e)) for e in range(hp.num_experts)]
     shared = tuple(plans[n] for n in shared_linears(hp, i)) if hp.n_shared_experts else None
-    bs = routed_block_size(ctx, experts)  # CPU, moe=routed (default), 4-bit integer experts of one format
-    if bs is not None:
-        routed = routed_qmoe(ctx, x, weights, experts, hp.experts_per_token, name, prefix, bs)
+    form, bs = expert_form(ctx, experts)  # moe=routed (default): QMoE on CPU for 4-bit integer experts of one
+    if form != "dense":                   # format, else the standard-op routed form (ops/routed_experts.py)
+        if form == "qmoe":
+            routed = routed_qmoe(ctx, x, weights, experts, hp.experts_per_token, name, prefix, bs)
+        else:
+            routing = routed_experts.routing_from_dense(ctx, weights, hp.experts_per_token, hp.num_experts, name,
+                                                        prefix)
+            routed = routed_experts.emit_routed_experts(ctx, x, routing, experts, routed_experts.silu_activation,
+                                                        hp.experts_per_token, name, prefix)
         if shared is None:
             return routed
         shared_out = silu_mlp(ctx, x, *shared, f"{prefix}/shared_experts")
