@@ -92,10 +92,11 @@ def test_graph_has_sinks_windows_and_qmoe_attributes(exports, tmp_path):
 
 
 @pytest.mark.parametrize("recipe", ["uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8"])
-def test_cuda_gets_the_dense_form(exports, tmp_path, recipe):
-    """Built and passing CUDA's static rules (not run on a GPU here)."""
+def test_cuda_gets_the_routed_standard_op_form(exports, tmp_path, recipe):
+    """Built and passing CUDA's static rules (not run on a GPU here): one If per layer (builder/ops/routed_experts.py)."""
     ops = op_types(build(exports[("gpt_oss", recipe)], tmp_path / "onnx", "cuda", "fp16"))
     assert "QMoE" not in ops and ops["TopK"] == LAYERS and ops["GroupQueryAttention"] == LAYERS
+    assert ops["If"] == LAYERS
 
 
 @pytest.mark.parametrize("ep", ["migraphx", "rocm"])
