@@ -170,8 +170,11 @@ def main() -> int:
             convert(src, root / name.replace(" ", "_"), "cpu", "fp32",
                     BuildOptions(accuracy_level=1, extra={"moe": "gather", "moe_routed_tokens": limit}),
                     log=lambda _m: None)
+        dirs = {name: root / name.replace(" ", "_") for name in branches}
+        if "dense" in forms:
+            dirs["dense form"] = root / "dense"
         for t in lens:
-            ms = {name: prefill_ms(root / name.replace(" ", "_"), t, a.repeats) for name in branches}
+            ms = {name: prefill_ms(d, t, a.repeats) for name, d in dirs.items()}
             print(f"prefill {t:4d} tokens: " + ", ".join(f"{n} {v:9.1f} ms" for n, v in ms.items()))
     return 0
 

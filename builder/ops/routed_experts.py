@@ -172,22 +172,32 @@ def _expert_arrays(ctx, plan) -> dict[str, np.ndarray]:
 
 
 def build_stack(ctx, plans: list, name: str) -> Stack:
-    """Stack one projection of every expert (plans in expert order) into initializers named `name`.*."""
+    """Stack one projection of every expert (plans in expert order) into initializers named `name`.*. The big
+    weight tensor is streamed to the data file one expert at a time; scales, zero points and biases are small."""
     g, first = ctx.graph, plans[0]
     key = stack_key(first)
-    parts: dict[str, list[np.ndarray]] = {}
-    for p in plans:  # one expert at a time; the stacked copy is written as it is concatenated
-        for role, arr in _expert_arrays(ctx, p).items():
-            parts.setdefault(role, []).append(arr)
-        if p.has_bias:
-            parts.setdefault("bias", []).append(ctx.float_weight(f"{p.name}.bias").reshape(1, -1))
-        if ctx.progress:
-            ctx.progress(p)
-    names = {role: g.initializer(f"{name}.routed.{role}", np.stack(arrs)) for role, arrs in parts.items()}
+    small: dict[str, list[np.ndarray]] = {}
+    head = _expert_arrays(ctx, first)
+
+    def weights():
+        for e, p in enumerate(plans):
+            arrays = head if e == 0 else _expert_arrays(ctx, p)
+            for role, arr in arrays.items():
+                if role != "data":
+                    small.setdefault(role, []).append(arr)
+            if p.has_bias:
+                small.setdefault("bias", []).append(ctx.float_weight(f"{p.name}.bias").reshape(1, -1))
+            if ctx.progress:
+                ctx.progress(p)
+            yield arrays["data"]
+
+    data = head["data"]
+    names = {"data": g.stream(f"{name}.routed.data", data.dtype, (len(plans), *data.shape), weights())}
+    names.update({role: g.initializer(f"{name}.routed.{role}", np.stack(arrs)) for role, arrs in small.items()})
     kind = {"float": "float", "mxfp4": "mxfp4", "mxfp4_fp8": "mxfp4", "fp8": "fp8"}.get(key[0])
     if key[0] == "int":
         kind = "int4" if BITS[key[1]] == 4 else "int8"
-    groups = int(parts["scale"][0].shape[0]) if kind in ("int4", "int8", "mxfp4") else 1
+    groups = int(head["scale"].shape[0]) if kind in ("int4", "int8", "mxfp4") else 1
     mx_mode = key[1] if key[0] == "mxfp4" and emulate_activations(ctx) else None
     return Stack(kind, first.in_features, first.out_features, groups, names["data"], names.get("scale"),
                  names.get("zero"), names.get("bias"), mx_mode, names.get("fp8_input_scale"))
