@@ -110,3 +110,21 @@ def test_branch_threshold_is_an_option(quark_exports, tmp_path):
     limits = [onnx.numpy_helper.to_array(t).tolist() for t in model.graph.initializer if t.name.endswith(
         ".routed.max_tokens")]
     assert limits == [[3]] * SPARSE["qwen3_moe"]
+
+
+@pytest.mark.parametrize("shape,recipe,widest", [("qwen3_moe", "mxfp4_fp8", 64 * 64), ("gpt_oss", "uint4_g32", 64 * 128)])
+def test_every_expert_branch_in_chunks(exports, tmp_path, monkeypatch, shape, recipe, widest):
+    """Real shapes decode the every-expert branch in chunks (CHUNK_BYTES); here 3 experts a chunk, the last one
+    shorter: the prompt (8 tokens > E/k) takes that branch."""
+    from builder.ops import routed_experts
+    monkeypatch.setattr(routed_experts, "CHUNK_BYTES", 3 * 4 * widest)
+    export = exports[(shape, recipe)]
+    ref = np.load(export / "reference.npz")
+    out = _build(export, tmp_path / "onnx", "cpu")
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    node = next(n for n in model.graph.node if n.op_type == "If")
+    else_g = next(a.g for a in node.attribute if a.name == "else_branch")
+    experts = {"qwen3_moe": 8, "gpt_oss": 4}[shape]
+    assert sum(n.op_type == "ReduceSum" and n.name.endswith("/SumExperts") for n in else_g.node) == -(-experts // 3)
+    diff = float(np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max())
+    assert diff <= LOGIT_TOL, diff

@@ -368,6 +368,8 @@ def emit_routed_experts(ctx, x: str, routing: Routing, experts: list[tuple], act
     zero = g.op("Mul", [g.op("ReduceMin", [idx], f"{p}/IdxMin", keepdims=0),
                         g.scalar(f"{name}.routed.zero_i64", 0, np.int64)], f"{p}/RunTimeZero")
     outs = []
+    last_axis = g.const_i64(f"{name}.routed.last_axis", [-1])
+    e_axis = g.const_i64(f"{name}.routed.e_axis", [0])
     for c0 in range(0, e_count, chunk):
         c1 = min(e_count, c0 + chunk)
         q = f"{p}/chunk{c0}"
@@ -375,9 +377,9 @@ def emit_routed_experts(ctx, x: str, routing: Routing, experts: list[tuple], act
         y = _expert_mlp(ctx, first, down, xs, ids, 1, activation, q, mx_done=True)  # [C, T, H]
         wc = g.op("Gather", [routing.dense, ids], f"{q}/GatherWeights", axis=1)      # [T, C]
         wc = g.op("Unsqueeze", [g.op("Transpose", [wc], f"{q}/WeightsT", perm=[1, 0]),
-                                g.const_i64(f"{name}.routed.last_axis", [-1])], f"{q}/WeightCols")
-        outs.append(g.op("ReduceSum", [g.op("Mul", [y, wc], f"{q}/Weighted"),
-                                       g.const_i64(f"{name}.routed.e_axis", [0])], f"{q}/SumExperts", keepdims=0))
+                                last_axis], f"{q}/WeightCols")
+        outs.append(g.op("ReduceSum", [g.op("Mul", [y, wc], f"{q}/Weighted"), e_axis], f"{q}/SumExperts",
+                         keepdims=0))
     dense_out = outs[0] if len(outs) == 1 else g.op("Sum", outs, f"{p}/SumChunks")
     dense_nodes = g.nodes[start:]
     del g.nodes[start:]
