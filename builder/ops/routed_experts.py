@@ -3,17 +3,16 @@ the k chosen experts' weights.
 
 Each expert projection (gate, up, down; gpt-oss gate_up, down) of a layer becomes one stack of E experts in the
 scheme's own compact encoding, laid out [E, K, N] (in x out, so no transpose at run time):
-    int4/uint4 : codes u8 [E, K, N/2] (two unsigned nibbles per byte, low = even column), zero points u8 and fp32
-                 scales [E, G, N] (G groups of g along K; per-channel: G = 1)
-    int8/uint8 : int8/uint8 [E, K, N], zero points and fp32 scales [E, G, N]
-    MXFP4      : e2m1 codes u8 [E, K, N/2], e8m0 scale bytes u8 [E, K/32, N]
+    int4/uint4 : codes u8 [E, K, N/2] (two unsigned nibbles per byte: low = column j, high = column j + N/2), zero
+                 points u8 and fp32 scales [E, G, 1, N] (G groups of g along K; per-channel: G = 1)
+    int8/uint8 : int8/uint8 [E, K, N], zero points and fp32 scales [E, G, 1, N]
+    MXFP4      : e2m1 codes u8 [E, K, N/2] (nibbles as for 4-bit), e8m0 scale bytes u8 [E, K/32, 1, N]
     FP8 e4m3   : weight bytes u8 [E, K, N], fp32 scale [E, 1, 1] (per tensor) or [E, 1, N] (per channel)
     float      : the io dtype [E, K, N] (experts Quark left float)
     biases     : [E, 1, N] in the io dtype; static FP8 input scales [E, 1, 1] fp32
-Decoding is table lookups and the scheme's own arithmetic: Gather(LUT [256, 2], byte) gives both nibbles (unsigned
-4-bit integers, or 2 x the e2m1 values as int8), Gather(2^(b-127)/2 [256], e8m0 byte) the MX scale, then one
-blocked DequantizeLinear along K: (q - zp) * s per group; FP8: Gather(e4m3fn values [256], byte) * scale. The same
-fp32 products Quark's dequantizers compute.
+Decoding is exact fp32 arithmetic on the gathered bytes (_decode): nibbles by floor(b / 16), e2m1 values by a
+piecewise-linear formula, Gather(2^(b-127) [256], e8m0 byte) for the MX scales, Gather(e4m3fn values [256], byte) for
+FP8; then (q - zp) * s per group or value * scale: the same fp32 products Quark's dequantizers compute.
 
     x ─► router ─► TopK ─► idx [T, k], weights [T, k] (and the dense [T, E] routing weights)
     If (T <= max_tokens):                                                          (T = batch * sequence tokens)
@@ -114,13 +113,9 @@ def _lut(g, kind: str) -> str:
     if g.has(name):
         return name
     b = np.arange(256, dtype=np.uint8)
-    if kind == "uint4_pairs":       # byte -> (low nibble, high nibble), unsigned
-        table = np.stack([b & 15, b >> 4], axis=1).astype(np.uint8)
-    elif kind == "e2m1x2_pairs":    # byte -> 2 x the e2m1 values of its nibbles, exact int8 in [-12, 12]
-        table = np.stack([fp4_codes.E2M1_DOUBLED[b & 15], fp4_codes.E2M1_DOUBLED[b >> 4]], axis=1).astype(np.int8)
-    elif kind == "e8m0_half":       # e8m0 byte -> 2^(b - 127) / 2 (the scale of the doubled e2m1 values)
+    if kind == "e8m0":              # e8m0 byte -> 2^(b - 127)
         table = np.full(256, np.nan, np.float32)  # 255: NaN (refused in weights by Mxfp4Linear.check)
-        table[:255] = np.ldexp(np.float32(1), np.arange(255) - fp4_codes.E8M0_BIAS - 1).astype(np.float32)
+        table[:255] = np.ldexp(np.float32(1), np.arange(255) - fp4_codes.E8M0_BIAS).astype(np.float32)
     elif kind == "e4m3fn":
         table = b.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
     else:
@@ -128,10 +123,12 @@ def _lut(g, kind: str) -> str:
     return g.initializer(name, table)
 
 
-def _pack_pairs(u: np.ndarray) -> np.ndarray:
-    """[K, N] values 0..15 -> [K, N/2] bytes, low nibble = even column."""
+def _pack_halves(u: np.ndarray) -> np.ndarray:
+    """[K, N] values 0..15 -> [K, N/2] bytes: low nibble = column j, high nibble = column j + N/2 (so that the
+    unpacked halves join with one Concat of contiguous blocks)."""
     u = u.astype(np.uint8)
-    return (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)
+    half = u.shape[1] // 2
+    return (u[:, :half] | (u[:, half:] << 4)).astype(np.uint8)
 
 
 # ---- stacks -----------------------------------------------------------------------------------------------------
@@ -145,19 +142,20 @@ def _expert_arrays(ctx, plan) -> dict[str, np.ndarray]:
     if scheme is IntWeightOnly:
         iw = IntWeightOnly.load(plan, ctx.ckpt, ctx.quant.export.pack_method)
         groups = k // iw.group_size
-        scale = np.ascontiguousarray(iw.scale.T).astype(np.float32)   # [G, N]
+        scale = iw.scale.T.reshape(groups, 1, n).astype(np.float32)
         if iw.bits == 4:
             u, zpu = iw.to_unsigned()
-            return {"data": _pack_pairs(u.T), "zero": np.ascontiguousarray(zpu.T), "scale": scale}
+            return {"data": _pack_halves(u.T), "zero": zpu.T.reshape(groups, 1, n), "scale": scale}
         dtype = np.int8 if iw.signed else np.uint8
-        return {"data": np.ascontiguousarray(iw.q.T).astype(dtype), "zero": np.ascontiguousarray(iw.zp.T)
+        return {"data": np.ascontiguousarray(iw.q.T).astype(dtype), "zero": iw.zp.T.reshape(groups, 1, n)
                 .astype(dtype), "scale": scale}
     if scheme in (Mxfp4Linear, Mxfp4Fp8Linear):
         w = Mxfp4Linear.load(plan, ctx.ckpt)
         if ctx.io != "fp32":
             scales_in_io(ctx, plan, w)  # refuses scales that vanish or overflow in fp16/bf16, as the dense form
-        out = {"data": _pack_pairs(w.codes.T),
-               "scale": np.ascontiguousarray(_e8m0_bytes(ctx.ckpt, f"{plan.name}.weight_scale").T)}  # [G, N]
+        out = {"data": _pack_halves(w.codes.T),
+               "scale": np.ascontiguousarray(_e8m0_bytes(ctx.ckpt, f"{plan.name}.weight_scale").T)
+               .reshape(k // MXFP4_GROUP, 1, n)}
         if scheme is Mxfp4Fp8Linear:
             out["fp8_input_scale"] = np.full((1, 1), scalar_scale(ctx.ckpt, f"{plan.name}.input_scale"), np.float32)
         return out
@@ -207,14 +205,21 @@ def build_stack(ctx, plans: list, name: str) -> Stack:
 
 def _decode(ctx, st: Stack, idx: str, nb: int, p: str) -> str:
     """Gather(stack, idx) -> the chosen experts' weights [..., K, N] in the io dtype; nb: rank of idx.
-    Integer and MXFP4 codes end in one blocked DequantizeLinear along K ((q - zp) * s, block = the group):
-    4-bit codes through Gather(LUT [256, 2] uint8) = both nibbles, MXFP4 as int8 2*e2m1 with scale 2^(e-127)/2
-    (exact: powers of two), FP8 bytes through Gather(e4m3fn values [256]) * scale."""
+    Elementwise arithmetic on the gathered bytes (ONNX Runtime's CPU Gather is slow for table lookups of single
+    elements; Cast / Floor / Mul / Sub / Relu are vectorized everywhere), every step exact in fp32:
+      4-bit byte b: hi = floor(b / 16), lo = b - 16 hi; Concat(lo, hi) restores the [K, N] codes
+      e2m1 code c: s = floor(c / 8), m = c - 8 s; |v| = m/2 + relu(m - 4)/2 + relu(m - 6)  (0, .5, 1, 1.5, 2, 3, 4, 6);
+                   v = |v| (1 - 2 s)
+      then (q - zp) * scale per group along K (integers), v * 2^(e - 127) (MXFP4), e4m3 value * scale (FP8)."""
     g = ctx.graph
     keep = [0] * nb
 
     def gather(tensor, tag):
         return g.op("Gather", [tensor, idx], f"{p}/Gather{tag}", axis=0)
+
+    def const(tag, value):
+        name = f"moe_routed.const.{tag}"
+        return name if g.has(name) else g.scalar(name, value, np.float32)
 
     raw = gather(st.data, "Weight")
     if st.kind == "float":
@@ -224,30 +229,34 @@ def _decode(ctx, st: Stack, idx: str, nb: int, p: str) -> str:
         w = g.op("Mul", [g.op("Gather", [_lut(g, "e4m3fn"), codes], f"{p}/E4m3", axis=0),
                          gather(st.scale, "Scale")], f"{p}/MulScale")
     else:
+        w = g.op("Cast", [raw], f"{p}/ToFloat", to=TensorProto.FLOAT)
         if st.kind in ("int4", "mxfp4"):
-            codes = g.op("Cast", [raw], f"{p}/CodesToInt", to=TensorProto.INT32)
-            pairs = g.op("Gather", [_lut(g, "uint4_pairs" if st.kind == "int4" else "e2m1x2_pairs"), codes],
-                         f"{p}/Unpack", axis=0)
-            q = g.op("Reshape", [pairs, g.const_i64(f"{p}/kn_shape", keep + [st.k, st.n])], f"{p}/Codes")
-        else:  # int8 / uint8
-            q = raw
-        scale = gather(st.scale, "Scale")                                            # [..., G, N]
+            hi = g.op("Floor", [g.op("Mul", [w, const("sixteenth", 0.0625)], f"{p}/Div16")], f"{p}/High")
+            lo = g.op("Sub", [w, g.op("Mul", [hi, const("sixteen", 16.0)], f"{p}/High16")], f"{p}/Low")
+            w = g.op("Concat", [lo, hi], f"{p}/Codes", axis=-1)                    # [..., K, N]
         if st.kind == "mxfp4":
-            scale = g.op("Gather", [_lut(g, "e8m0_half"),
-                                    g.op("Cast", [scale], f"{p}/ScaleToInt", to=TensorProto.INT32)], f"{p}/E8m0",
-                         axis=0)
-            zero = None
+            sign = g.op("Floor", [g.op("Mul", [w, const("eighth", 0.125)], f"{p}/Div8")], f"{p}/Sign")
+            m = g.op("Sub", [w, g.op("Mul", [sign, const("eight", 8.0)], f"{p}/Sign8")], f"{p}/Magnitude")
+            half = const("half", 0.5)
+            v = g.op("Mul", [m, half], f"{p}/HalfM")
+            v = g.op("Add", [v, g.op("Mul", [g.op("Relu", [g.op("Sub", [m, const("four", 4.0)], f"{p}/M4")],
+                                                  f"{p}/Relu4"), half], f"{p}/HalfRelu4")], f"{p}/Add4")
+            v = g.op("Add", [v, g.op("Relu", [g.op("Sub", [m, const("six", 6.0)], f"{p}/M6")], f"{p}/Relu6")],
+                     f"{p}/Add6")
+            sgn = g.op("Sub", [const("one", 1.0), g.op("Mul", [sign, const("two", 2.0)], f"{p}/Sign2")],
+                       f"{p}/SignFactor")
+            w = g.op("Mul", [v, sgn], f"{p}/E2m1")
+        grouped = g.op("Reshape", [w, g.const_i64(f"{p}/group_shape", keep + [st.groups, st.k // st.groups, st.n])],
+                       f"{p}/Groups")
+        scale = gather(st.scale, "Scale")                                          # [..., G, 1, N]
+        if st.kind == "mxfp4":
+            scale = g.op("Gather", [_lut(g, "e8m0"), g.op("Cast", [scale], f"{p}/ScaleToInt", to=TensorProto.INT32)],
+                         f"{p}/E8m0", axis=0)
         else:
-            zero = gather(st.zero, "Zero")
-        if st.groups > 1:
-            w = g.op("DequantizeLinear", [q, scale] + ([zero] if zero else []), f"{p}/DequantizeLinear", axis=nb,
-                     block_size=st.k // st.groups)
-        else:  # one group along K (per-channel): MIGraphX's blocked DequantizeLinear needs > 1 block (MGX_QDQ in
-            # builder/ep_rules.py), and a per-axis one a 1-D scale; the same arithmetic, broadcast over K
-            w = g.op("Cast", [q], f"{p}/ToFloat", to=TensorProto.FLOAT)
-            if zero:
-                w = g.op("Sub", [w, g.op("Cast", [zero], f"{p}/ZeroToFloat", to=TensorProto.FLOAT)], f"{p}/SubZero")
-            w = g.op("Mul", [w, scale], f"{p}/MulScale")
+            zp = g.op("Cast", [gather(st.zero, "Zero")], f"{p}/ZeroToFloat", to=TensorProto.FLOAT)
+            grouped = g.op("Sub", [grouped, zp], f"{p}/SubZero")
+        w = g.op("Reshape", [g.op("Mul", [grouped, scale], f"{p}/MulScale"),
+                             g.const_i64(f"{p}/kn_shape", keep + [st.k, st.n])], f"{p}/Dequantized")
     if ctx.io != "fp32":
         w = g.op("Cast", [w], f"{p}/CastIo", to=ctx.io_type)
     return w
