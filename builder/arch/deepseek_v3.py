@@ -5,7 +5,8 @@ Per layer:
                     per-head K/V in GroupQueryAttention and its cache) ─► o_proj ─► +residual
       ─► RMSNorm ─► layers < first_k_dense_replace: SiLU MLP (mlp.gate/up/down_proj)
                     else: grouped sigmoid top-k routing (builder/ops/grouped_topk_router.py) over the routed
-                    experts: one QMoE on CPU for 4-bit integer experts (builder/ops/grouped_qmoe.py), else every
+                    experts: one QMoE on CPU for 4-bit integer experts (builder/ops/grouped_qmoe.py), else routed in
+                    standard ops (builder/ops/routed_experts.py); moe=dense: every
                     expert computed and weighted (exact; zero weight for the experts not chosen); plus the shared
                     experts' SiLU MLP ─► +residual
 Tensor names (amd-quark 0.13 exports from transformers 5, whose preprocess_for_quantization makes one nn.Linear per
@@ -304,9 +305,10 @@ def build_graph(ctx, hp: DeepseekHyper, plans: dict, attention: MlaPlan) -> None
 
 def moe_block(ctx, i: int, x: str, plans: dict, hp: DeepseekHyper) -> str:
     """Routed experts weighted by the grouped top-k weights, plus the shared experts. On CPU with 4-bit integer
-    experts: one QMoE computing only the chosen experts (builder/ops/grouped_qmoe.py); elsewhere, or with
-    --extra_options moe=dense, every expert computed and weighted (exact: the others weigh 0), every expert's
-    gate/up (and the shared experts') in one matmul where their schemes agree."""
+    experts: one QMoE computing only the chosen experts (builder/ops/grouped_qmoe.py); elsewhere the routed form in
+    standard ops (builder/ops/routed_experts.py, TopK of the dense weights); mixed experts or --extra_options
+    moe=dense: every expert computed and weighted (exact: the others weigh 0), every expert's gate/up (and the shared
+    experts') in one matmul where their schemes agree."""
     g = ctx.graph
     name, prefix = MLP.format(i=i), f"/model/layers.{i}/moe"
     weights = grouped_topk_weights(ctx, x, ROUTER.format(i=i), ROUTER_BIAS.format(i=i), hp, name, prefix)

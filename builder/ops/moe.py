@@ -12,7 +12,9 @@ all E experts are computed (E/k times the expert FLOPs of a routed kernel), fine
 Routed form (routed_moe, the default where routed_block_size() accepts the experts): one com.microsoft QMoE per layer, which
 computes only the k chosen experts per token. Used on the CPU EP when every expert linear is 4-bit integer weight-only
 (int4/uint4, per_group or per_channel) with one dtype and one MatMulNBits block size that divides hidden and
-intermediate sizes; otherwise (other EPs, 8-bit, float or mixed experts, or --extra_options moe=dense) dense_moe.
+intermediate sizes; otherwise (other EPs, 8-bit, MXFP4, FP8 or float experts) the routed form in standard ops
+(builder/ops/routed_experts.py) where the experts stack, and dense_moe for mixed experts or --extra_options moe=dense
+(expert_form()).
 QMoE on onnxruntime 1.32 CPU, as emitted: activation_type="swiglu", swiglu_fusion=1 (fc1 rows interleaved
 g0,u0,g1,u1...; 0 and 2 are refused on CPU), activation_alpha=1, activation_beta=0, normalize_routing_weights=1,
 router_probs = the raw router logits [tokens, E] (softmax, top-k and renormalization happen inside; the CPU

@@ -13,7 +13,8 @@ activation_alpha=alpha, activation_beta=1 (the "+ 1"), swiglu_limit=limit, fc1/f
 router_probs = router logits with bias (softmax over the top-k logits = the renormalized top-k softmax, which the
 kernel computes). Measured on onnxruntime 1.32 CPU against the formula above with clamps active (gate and up
 outside +-limit): max |diff| 9e-5 on outputs of magnitude 430 (fp32 rounding).
-Dense form (other EPs, other schemes): every expert runs on every token with standard ops (Slice with step 2,
+Other EPs and schemes: the routed standard-op form (ops/routed_experts.py) with clamped_swiglu as its activation;
+Dense form (moe=dense, mixed experts): every expert runs on every token with standard ops (Slice with step 2,
 Min/Clip, Sigmoid), weighted by the scattered routing weights, as QuarkGptOssExperts.forward does.
 """
 from __future__ import annotations
