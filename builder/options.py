@@ -46,6 +46,12 @@ def _path(key: str, text: str):
     return text  # loadability is checked where the library is bundled
 
 
+def _positive_int(key: str, text: str):
+    if not text.isdigit() or int(text) <= 0:
+        raise ConversionError("must be a positive integer", field=f"--extra_options {key}", value=text)
+    return int(text)
+
+
 # ---- which models a key applies to ------------------------------------------------------------------------------
 def _specs(plan):
     return [lp.spec for lp in plan.linears.values() if lp.spec is not None]
@@ -108,7 +114,12 @@ OPTIONS: dict[str, Option] = {
                          "FP4 weight form (overrides the EP profile)"),
     "fuse_projections": Option(choice("0", "1", "true", "false", convert=lambda t: t in ("1", "true")),
                                _has_fusable, "one matmul for q/k/v and for gate/up where the schemes agree: 1|0"),
-    "moe": Option(_choices_of(("builder.ops.moe", "MOE_FORMS")), _has_moe, "Mixtral MoE form: routed|dense"),
+    "moe": Option(_choices_of(("builder.ops.moe", "MOE_FORMS")), _has_moe,
+                  "MoE form: routed (QMoE where exact, else the standard-op routed form) | gather (the standard-op "
+                  "routed form) | dense"),
+    "moe_routed_tokens": Option(_positive_int, _has_moe,
+                                "standard-op routed MoE: most tokens per call that take the routed branch (default "
+                                "E/k; more tokens run every expert)"),
     "lm_head": Option(_choices_of(("builder.quant.float_int8", "LM_HEAD_FORMS")), _has_float_lm_head,
                       "float lm_head storage: float (exact) | int8 (8-bit MatMulNBits, not exact) | bf16 (checkpoint's "
                       "bf16 bits, custom-op kernel on CPU, exact)"),
