@@ -21,7 +21,7 @@ EXTRAS = {"torch": "quantize", "transformers": "quantize", "quark": "quantize", 
 PIP_NAMES = {"quark": "amd-quark"}
 
 OS_ADVICE = {
-    errno.ENAMETOOLONG: "a file or folder name is longer than the file system allows (255 bytes per name); "
+    errno.ENAMETOOLONG: "a file or folder name is too long for the file system (at most 255 bytes per name); "
                         "choose a shorter one",
     errno.EACCES: "permission denied; choose a folder you can write to, or fix its permissions",
     errno.EPERM: "operation not permitted; choose a folder you can write to, or fix its permissions",

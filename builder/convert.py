@@ -190,7 +190,8 @@ def unmatched_patterns(quant: QuarkConfig, ckpt: Checkpoint, linears: dict) -> l
     for where, patterns in (("layer_quant_config", [k for k, _ in quant.layer_specs]), ("exclude", quant.exclude)):
         for pattern in patterns:
             if not matches(pattern):
-                warnings.append(f"{quant.config_file}: quantization_config.{where} entry {pattern!r} matches no "
+                warnings.append(f"{quant.config_file}: quantization_config.{where} entry {clip(repr(pattern), 80)} "
+                                "matches no "
                                 "layer of this model (a typo?); it has no effect")
     return warnings
 
