@@ -29,8 +29,6 @@ _DECLARED = pytest.StashKey[list]()
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
-    config.addinivalue_line("markers", "quick: the edit-loop subset (`pytest -m quick`, under 2 minutes): every "
-                                       "scheme and execution provider once")
 
 
 def fixture_cache_dir() -> Path:
