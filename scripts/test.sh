@@ -15,4 +15,4 @@ if [ "$#" -gt 0 ]; then
     exec python -m pytest -q "$@"
 fi
 python -m pytest -q
-python -m pytest -q -m heavy
+python -m pytest -q -m heavy || [ $? -eq 5 ]  # 5: no test is marked heavy
