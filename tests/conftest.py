@@ -31,6 +31,32 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
 
 
+# `pytest -m quick` (the edit-loop subset): node ids that start with one of these. Every registered scheme on every
+# execution provider converts and passes its EP check (test_ep_convert); one numerics check per scheme against
+# Quark on CPU; the CLI's one-line errors. Kept here, not as marks in the modules, so that one list says what it is.
+QUICK = (
+    "tests/test_ep_convert.py::test_converted_model_passes_its_ep_check",
+    "tests/test_int_weight_models.py::test_logits_and_greedy_match_quark[llama_h64-uint4_g64]",
+    "tests/test_int_weight_models.py::test_logits_and_greedy_match_quark[llama_h64-int4_per_channel]",
+    "tests/test_int_weight_models.py::test_logits_and_greedy_match_quark[llama_h64-int8_wo_g64]",
+    "tests/test_fp8_w8a8.py::test_fp8_cpu_matches_quark_emulation",
+    "tests/test_int8_w8a8.py::test_int8_cpu_matches_quark_emulation",
+    "tests/test_mxfp4_model.py::test_mxfp4_cpu_matches_quark",
+    "tests/test_mxfp4_fp8.py::test_cpu_matches_quark",
+    "tests/test_nvfp4_model.py::test_nvfp4_cpu_matches_quark",
+    "tests/test_quark_reader.py",
+    "tests/test_cli_errors.py::test_bad_input_one_line_exit_2_no_output",
+    "tests/test_newcomer_cli.py::test_huge_values_are_cut_to_400_characters",
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(QUICK):
+            item.add_marker(pytest.mark.quick)
+
+
 def fixture_cache_dir() -> Path:
     """Where Quark exports are cached (env QO_FIXTURE_CACHE, default <repo>/.cache/fixtures, gitignored)."""
     return Path(os.environ.get("QO_FIXTURE_CACHE", REPO_ROOT / ".cache" / "fixtures"))
