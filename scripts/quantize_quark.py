@@ -26,7 +26,8 @@ if str(REPO_ROOT) not in sys.path:  # run as a plain script from a checkout
     sys.path.insert(0, str(REPO_ROOT))
 
 from builder import calib_text  # noqa: E402  (torch-free)
-from builder.cli_text import MAX_LINE, clip, missing_package_text, require  # noqa: E402
+from builder.cli_text import (MAX_LINE, clip, missing_package_text, require,  # noqa: E402
+                              run_quietly_on_closed_pipe)
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -439,6 +440,8 @@ def main(argv=None) -> int:
     except UsageError as exc:
         print(clip(f"error: {exc}", MAX_LINE), file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        raise  # the reader of our output went away: run_quietly_on_closed_pipe ends quietly
     except ModuleNotFoundError as exc:
         if args.debug:
             raise
@@ -457,4 +460,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_quietly_on_closed_pipe(main))

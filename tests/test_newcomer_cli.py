@@ -221,7 +221,9 @@ def test_second_conversion_into_one_output_fails_naming_the_first(tmp_path):
 
 
 def test_two_real_conversions_never_both_write(tmp_path):
-    """Started together: each either wins (rc 0) or fails in one line naming the other; the output is complete."""
+    """Started together: each either wins (rc 0) or fails in one line naming the other; the output is complete and
+    nothing (lock file, temporary folder) is left beside it. Whether the two overlap is up to the scheduler: the
+    refusal itself is forced in the test above."""
     out = tmp_path / "out"
     procs = [subprocess.Popen([sys.executable, "-m", "builder", "-i", str(EXAMPLE), "-o", str(out), "-q"],
                               stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO) for _ in range(2)]
