@@ -1,6 +1,7 @@
 """The pipeline: read -> plan -> emit -> save -> genai_config. Output appears only when everything succeeded."""
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shutil
@@ -21,6 +22,10 @@ from .errors import ConversionError
 from .genai_config import TOKENIZER_FILES, TOKENIZER_REQUIRED, build_genai_config, copy_tokenizer_files, write_genai_config
 from .graph import GraphBuilder
 from .input_files import exists, list_dir, open_input, read_json
+from .input_kind import check_input_folder
+from .cli_text import MAX_LINE, clip
+from .output_lock import output_lock
+from .progress import ProgressBar
 from .options import options_not_applying
 from .output_dir import (make_temp, remove_tree, resolve_output, signals_raise, swap_into_place, write_error,
                          write_marker)
@@ -64,8 +69,7 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
                options: BuildOptions | None = None, ckpt: Checkpoint | None = None) -> tuple[ModelPlan, Checkpoint]:
     """Resolve every layer and check every tensor it needs, before anything is written."""
     source = Path(source)
-    if not source.is_dir():
-        raise ConversionError("input model folder not found", file=source)
+    check_input_folder(source)  # a file, a GGUF file, a Hub id, a missing folder: each its own message
     list_dir(source)  # an unreadable folder is refused here, not reported as "config.json not found"
     options = options or BuildOptions()
     check_options(options)
@@ -151,10 +155,45 @@ def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, 
         if exists(source / name):
             os.close(open_input(source / name, source))
     if not any(exists(source / n) for n in TOKENIZER_REQUIRED):
-        model_plan.warnings.append(f"no tokenizer files in {source} ({', '.join(TOKENIZER_REQUIRED)}): "
-                                   "onnxruntime-genai cannot load the output without them; copy them from the "
-                                   "float model the export was made from into the output folder")
+        model_plan.warnings.append(f"no tokenizer files in {source} ({', '.join(TOKENIZER_REQUIRED)}, "
+                                   f"{TOKENIZER_CONFIG}): onnxruntime-genai cannot load the output without them; "
+                                   "copy them from the float model the export was made from into the output folder")
+    elif not exists(source / TOKENIZER_CONFIG):
+        model_plan.warnings.append(f"{TOKENIZER_CONFIG} missing in {source} (the other tokenizer files are there): "
+                                   "og.Tokenizer cannot load the output without it (it reads the tokenizer class and "
+                                   "special tokens from it); copy it from the float model the export was made from "
+                                   "into the output folder")
+    if quant is None:
+        model_plan.warnings.append(f"{config_file} has no quantization_config: this is a float model, not a Quark "
+                                   f"export; the output is a float ONNX model ({io} weights and activations, no "
+                                   "quantization). Quantize it with amd-quark first (scripts/quantize_quark.py) for "
+                                   "a quantized model")
+    else:
+        model_plan.warnings += unmatched_patterns(quant, ckpt, linears)
     return model_plan
+
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def unmatched_patterns(quant: QuarkConfig, ckpt: Checkpoint, linears: dict) -> list[str]:
+    """A warning for each layer_quant_config key and exclude entry that names no layer of the model: a typo there
+    silently quantizes (or keeps float) what the user meant otherwise."""
+    modules = set(linears)
+    for tensor in ckpt.names():
+        parts = tensor.split(".")
+        modules.update(".".join(parts[:i]) for i in range(1, len(parts)))
+
+    def matches(pattern: str) -> bool:
+        return pattern in modules or any(fnmatch.fnmatchcase(m, pattern) for m in modules)
+    warnings = []
+    for where, patterns in (("layer_quant_config", [k for k, _ in quant.layer_specs]), ("exclude", quant.exclude)):
+        for pattern in patterns:
+            if not matches(pattern):
+                warnings.append(f"{quant.config_file}: quantization_config.{where} entry {clip(repr(pattern), 80)} "
+                                "matches no "
+                                "layer of this model (a typo?); it has no effect")
+    return warnings
 
 
 LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
@@ -226,11 +265,13 @@ def check_float_tensor(ckpt: Checkpoint, tensor: str, shape: tuple[int, ...]) ->
 
 def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precision: str | None = None,
             options: BuildOptions | None = None, log=None, *, overwrite: bool = False, validate: bool = False,
-            warn=None) -> ModelPlan:
+            warn=None, progress_bar: bool = False) -> ModelPlan:
     """Plan, then write to a temporary folder beside the output and swap it into place when complete.
-    `log` gets progress lines and notes, `warn` warnings (both default to stderr)."""
+    `log` gets progress lines and notes, `warn` warnings (both default to stderr); `progress_bar` draws a bar with an
+    ETA on stderr while the layers are emitted (the CLI asks for it on a terminal without -q). One conversion at a
+    time into one output: a second one fails naming the first's process (builder/output_lock.py)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr, flush=True))
+    warn = warn or (lambda msg: print(clip(f"warning: {msg}", MAX_LINE), file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     output = Path(output)
     target = resolve_output(Path(source), output, overwrite)
@@ -243,10 +284,12 @@ def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precis
     try:
         with signals_raise():
             try:
-                tmp = make_temp(target, warn)
-                graph = GraphBuilder(tmp / "model.onnx.data")
-                _write_output(plan, ckpt, graph, tmp, output, log, t0, validate)
-                swap_into_place(tmp, target)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with output_lock(target, output):
+                    tmp = make_temp(target, warn)
+                    graph = GraphBuilder(tmp / "model.onnx.data")
+                    _write_output(plan, ckpt, graph, tmp, output, log, t0, validate, progress_bar)
+                    swap_into_place(tmp, target)
             except BaseException as exc:
                 if graph is not None:
                     graph.abort()
@@ -264,9 +307,9 @@ def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precis
 
 
 def _write_output(plan: ModelPlan, ckpt: Checkpoint, graph: GraphBuilder, tmp: Path, output: Path, log, t0: float,
-                  validate: bool) -> None:
+                  validate: bool, progress_bar: bool = False) -> None:
     ctx = EmitContext(graph, ckpt, plan.ep, plan.io, plan.options, plan.quant, notes=plan.notes)
-    _emit_with_progress(ctx, plan, log)
+    _emit_with_progress(ctx, plan, log, ProgressBar(len(plan.linears), graph.bytes_reserved) if progress_bar else None)
     t1 = time.perf_counter()
     graph.finish(tmp / "model.onnx", metadata={"quark_onnx.ep": plan.ep.name, "quark_onnx.io": plan.io,
                                                ACCURACY_LEVEL_KEY: accuracy_levels(graph.nodes)})
@@ -298,17 +341,26 @@ def accuracy_levels(nodes) -> str:
     return ",".join(map(str, levels)) if levels else "none"
 
 
-def _emit_with_progress(ctx: EmitContext, plan: ModelPlan, log) -> None:
+def _emit_with_progress(ctx: EmitContext, plan: ModelPlan, log, bar: ProgressBar | None = None) -> None:
+    """Step lines every 10 % of the linears, or (on a terminal) one bar redrawn per linear with an ETA."""
     t, total = time.perf_counter(), len(plan.linears)
     step, done = max(1, -(-total // 10)), [0]
 
     def progress(_linear_plan) -> None:
         done[0] += 1
-        if done[0] % step == 0 or done[0] == total:
+        if bar is not None:
+            bar.step()
+        elif done[0] % step == 0 or done[0] == total:
             log(f"[2/3] emitted {done[0]}/{total} linears ({time.perf_counter() - t:.1f}s)")
 
     ctx.progress = progress
-    plan.family.build_graph(ctx, plan.hp, plan.linears, plan.attention)
+    try:
+        plan.family.build_graph(ctx, plan.hp, plan.linears, plan.attention)
+    finally:
+        if bar is not None:
+            bar.close()
+    if bar is not None:
+        log(f"[2/3] emitted {done[0]}/{total} linears ({time.perf_counter() - t:.1f}s)")
 
 
 def _bundle_custom_ops_library(path: str | None, out_dir: Path) -> str | None:
