@@ -24,6 +24,7 @@
  * Work is split over weight-row blocks: OpenMP by default, or the caller's runner (the ORT layer: ORT's intra-op
  * pool through KernelContext_ParallelFor). fp16 A/Y are converted around the float32 core. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,7 +47,7 @@
 #define QO_GEMV_MAX_M 4       /* M up to this: GEMV straight from the compact weight */
 #define QO_GEMV_ROWS 16       /* weight rows per task (GEMV) */
 #define QO_PANEL_ROWS 48      /* weight rows per task (M > 4): decoded once to float32 */
-#define QO_PANEL_KC 256       /* K block of the register tiles */
+#define QO_PANEL_KC 512       /* K block of the register tiles (A 8 KB + weights 6 KB per tile: L1) */
 #define QO_PANEL_MB 64        /* activation rows per pass over a panel (bounds the partial-sum buffer) */
 
 #if defined(_MSC_VER)
@@ -126,6 +127,7 @@ typedef struct {
   float* Y;
   int64_t rows_per_task;
   int avx2;
+  const float* a_pack;     /* M > 4 on AVX2: A in 4-row micro-panels, see pack_a */
   volatile int failed;
 } qo_job;
 
@@ -239,6 +241,19 @@ QO_INLINE void avx_dec32(const int fmt, const qo_weight* w, const uint8_t* row, 
     out[3] = _mm256_mul_ps(avx_i8_to_ps(_mm_unpackhi_epi64(v1, v1)), s1);
     return;
   }
+  if (fmt == QO_W_FP8) {
+    /* one NaN test for the 32 codes; the per-vector blend only when one of them is 0x7F / 0xFF */
+    const __m256i raw = _mm256_loadu_si256((const __m256i*)(row + k)), m7f = _mm256_set1_epi8(0x7F);
+    if (!_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(raw, m7f), m7f))) {
+      const __m256i mask = _mm256_set1_epi32((int)0x87F00000u);
+      const __m256 two120 = _mm256_castsi256_ps(_mm256_set1_epi32(0x7B800000));
+      for (int i = 0; i < 4; ++i) {
+        const __m256i x = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(row + k + 8 * i)));
+        out[i] = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(x, 20), mask)), two120);
+      }
+      return;
+    }
+  }
   for (int i = 0; i < 4; ++i) out[i] = avx_dec8(fmt, w, row, srow, k + 8 * i);
 }
 
@@ -304,33 +319,40 @@ QO_INLINE void avx_gemv_rows(const int fmt, qo_job* job, int64_t n0, int64_t n1)
   }
 }
 
-/* rows x K weight elements to float32, row stride ldp (the K % 8 tail included). */
+/* Decoded panel in micro-panel order: rows in groups of 3 (the tile's weight rows, zero rows pad the last group),
+ * within a group 8-element steps of K, within a step the 3 rows' 8 floats: the tile kernel reads it sequentially.
+ * The K % 8 tail elements go to tail[r * 8 + j]. */
 QO_INLINE void avx_decode_panel(const int fmt, const qo_weight* w, int64_t n0, int64_t rows, int64_t K, float* panel,
-                                int64_t ldp) {
-  const int64_t K8 = K & ~(int64_t)(QO_LANES - 1);
-  for (int64_t r = 0; r < rows; ++r) {
+                                float* tail) {
+  const int64_t K8 = K & ~(int64_t)(QO_LANES - 1), steps = K8 / QO_LANES;
+  const int64_t padded = (rows + 2) / 3 * 3;
+  for (int64_t r = 0; r < padded; ++r) {
+    float* base = panel + (r / 3) * steps * 24 + (r % 3) * QO_LANES;
+    if (r >= rows) {
+      for (int64_t s = 0; s < steps; ++s) _mm256_storeu_ps(base + s * 24, _mm256_setzero_ps());
+      continue;
+    }
     const uint8_t* row = w->data + (n0 + r) * w->row_bytes;
     const uint8_t* srow = w->scales ? w->scales + (n0 + r) * w->scales_per_row : NULL;
-    float* dst = panel + r * ldp;
     int64_t k = 0;
     for (; k + 32 <= K8; k += 32) {
       __m256 v[4];
       avx_dec32(fmt, w, row, srow, k, v);
-      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(dst + k + 8 * i, v[i]);
+      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(base + (k / QO_LANES + i) * 24, v[i]);
     }
-    for (; k < K8; k += 8) _mm256_storeu_ps(dst + k, avx_dec8(fmt, w, row, srow, k));
-    for (; k < K; ++k) dst[k] = decode_one(w, n0 + r, k);
+    for (; k < K8; k += 8) _mm256_storeu_ps(base + (k / QO_LANES) * 24, avx_dec8(fmt, w, row, srow, k));
+    for (; k < K; ++k) tail[r * QO_LANES + (k - K8)] = decode_one(w, n0 + r, k);
   }
 }
 
 typedef void (*qo_avx_gemv_fn)(qo_job* job, int64_t n0, int64_t n1);
-typedef void (*qo_avx_decode_fn)(const qo_weight* w, int64_t n0, int64_t rows, int64_t K, float* panel, int64_t ldp);
+typedef void (*qo_avx_decode_fn)(const qo_weight* w, int64_t n0, int64_t rows, int64_t K, float* panel, float* tail);
 
 #define QO_AVX_FORMAT(F, name)                                                                                      \
   static void avx_gemv_##name(qo_job* job, int64_t n0, int64_t n1) { avx_gemv_rows(F, job, n0, n1); }             \
   static void avx_decode_##name(const qo_weight* w, int64_t n0, int64_t rows, int64_t K, float* panel,            \
-                                int64_t ldp) {                                                                      \
-    avx_decode_panel(F, w, n0, rows, K, panel, ldp);                                                                \
+                                float* tail) {                                                                      \
+    avx_decode_panel(F, w, n0, rows, K, panel, tail);                                                               \
   }
 QO_AVX_FORMAT(QO_W_FP8, fp8)
 QO_AVX_FORMAT(QO_W_INT8, int8)
@@ -342,74 +364,75 @@ static const qo_avx_gemv_fn avx_gemv_by_format[] = {avx_gemv_fp8, avx_gemv_int8,
 static const qo_avx_decode_fn avx_decode_by_format[] = {avx_decode_fp8, avx_decode_int8, avx_decode_bf16,
                                                         avx_decode_mxfp4, avx_decode_nvfp4};
 
-/* Register tile on the decoded panel: mr activation rows x nr panel rows over k0..k1 (multiples of 8); the 8-lane
- * partial sums live in part (row i, panel row r at part + i * ldpart + r * 8) between K blocks. */
-QO_INLINE void avx_tile(const int mr, const int nr, const float* a, int64_t lda, const float* p, int64_t ldp,
-                        int64_t k0, int64_t k1, float* part, int64_t ldpart, int first) {
+/* The register tile: 4 activation rows x 3 weight rows, 12 accumulators of 8 lanes, over `steps` 8-element steps
+ * of K; a and p point into the micro-panels (32 and 24 floats per step). The partial sums stay in part (12 x 8
+ * floats) between K blocks, so each lane keeps its order. */
+static void avx_tile_4x3(const float* a, const float* p, int64_t steps, float* part, int first) {
   __m256 acc[4][3];
-  for (int i = 0; i < mr; ++i)
-    for (int r = 0; r < nr; ++r)
-      acc[i][r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(part + i * ldpart + r * QO_LANES);
-  for (int64_t k = k0; k < k1; k += QO_LANES) {
-    __m256 wv[3];
-    for (int r = 0; r < nr; ++r) wv[r] = _mm256_loadu_ps(p + r * ldp + k);
-    for (int i = 0; i < mr; ++i) {
-      const __m256 x = _mm256_loadu_ps(a + i * lda + k);
-      for (int r = 0; r < nr; ++r) acc[i][r] = _mm256_fmadd_ps(x, wv[r], acc[i][r]);
+  for (int i = 0; i < 4; ++i)
+    for (int r = 0; r < 3; ++r)
+      acc[i][r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(part + (i * 3 + r) * QO_LANES);
+  for (int64_t s = 0; s < steps; ++s, a += 32, p += 24) {
+    const __m256 w0 = _mm256_loadu_ps(p), w1 = _mm256_loadu_ps(p + 8), w2 = _mm256_loadu_ps(p + 16);
+    for (int i = 0; i < 4; ++i) {
+      const __m256 x = _mm256_loadu_ps(a + i * 8);
+      acc[i][0] = _mm256_fmadd_ps(x, w0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(x, w1, acc[i][1]);
+      acc[i][2] = _mm256_fmadd_ps(x, w2, acc[i][2]);
     }
   }
-  for (int i = 0; i < mr; ++i)
-    for (int r = 0; r < nr; ++r) _mm256_storeu_ps(part + i * ldpart + r * QO_LANES, acc[i][r]);
+  for (int i = 0; i < 4; ++i)
+    for (int r = 0; r < 3; ++r) _mm256_storeu_ps(part + (i * 3 + r) * QO_LANES, acc[i][r]);
 }
 
-typedef void (*qo_avx_tile_fn)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, float*, int64_t, int);
-#define QO_AVX_TILE(MR, NR)                                                                                         \
-  static void avx_tile_##MR##x##NR(const float* a, int64_t lda, const float* p, int64_t ldp, int64_t k0,          \
-                                   int64_t k1, float* part, int64_t ldpart, int first) {                            \
-    avx_tile(MR, NR, a, lda, p, ldp, k0, k1, part, ldpart, first);                                                  \
-  }
-QO_AVX_TILE(1, 1) QO_AVX_TILE(1, 2) QO_AVX_TILE(1, 3)
-QO_AVX_TILE(2, 1) QO_AVX_TILE(2, 2) QO_AVX_TILE(2, 3)
-QO_AVX_TILE(3, 1) QO_AVX_TILE(3, 2) QO_AVX_TILE(3, 3)
-QO_AVX_TILE(4, 1) QO_AVX_TILE(4, 2) QO_AVX_TILE(4, 3)
-static const qo_avx_tile_fn avx_tiles[4][3] = {{avx_tile_1x1, avx_tile_1x2, avx_tile_1x3},
-                                               {avx_tile_2x1, avx_tile_2x2, avx_tile_2x3},
-                                               {avx_tile_3x1, avx_tile_3x2, avx_tile_3x3},
-                                               {avx_tile_4x1, avx_tile_4x2, avx_tile_4x3}};
+static inline float* align64(float* p) { return (float*)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
 static void avx_panel_task(qo_job* job, int64_t n0, int64_t n1) {
-  const int64_t K = job->K, K8 = K & ~(int64_t)(QO_LANES - 1), M = job->M, N = job->N;
-  const int64_t rows = n1 - n0, ldp = (K + QO_LANES - 1) & ~(int64_t)(QO_LANES - 1), ldpart = rows * QO_LANES;
+  const int64_t K = job->K, K8 = K & ~(int64_t)(QO_LANES - 1), steps = K8 / QO_LANES, M = job->M, N = job->N;
+  const int64_t rows = n1 - n0, ntiles = (rows + 2) / 3;
   const int t = (int)(K - K8);
-  float* panel = tls_grow(&tls_panel, &tls_panel_floats, (size_t)(QO_PANEL_ROWS * ldp));
-  float* part = tls_grow(&tls_part, &tls_part_floats, (size_t)(QO_PANEL_MB * QO_PANEL_ROWS * QO_LANES));
+  float* panel = tls_grow(&tls_panel, &tls_panel_floats, (size_t)(ntiles * steps * 24 + 3 * ntiles * QO_LANES + 16));
+  float* part = tls_grow(&tls_part, &tls_part_floats, (size_t)(QO_PANEL_MB / 4 * ntiles * 96 + 16));
   if (!panel || !part) {
     job->failed = 1;
     return;
   }
-  avx_decode_by_format[job->w->fmt](job->w, n0, rows, K, panel, ldp);
+  panel = align64(panel);
+  part = align64(part);
+  float* tail = panel + ntiles * steps * 24;
+  avx_decode_by_format[job->w->fmt](job->w, n0, rows, K, panel, tail);
   static const float zeros[QO_LANES] = {0};
+  const int64_t kc_steps = QO_PANEL_KC / QO_LANES;
   for (int64_t mb = 0; mb < M; mb += QO_PANEL_MB) {
-    const int64_t mcount = M - mb < QO_PANEL_MB ? M - mb : QO_PANEL_MB;
-    const float* A = job->A + mb * K;
-    for (int64_t kc = 0; kc < K8; kc += QO_PANEL_KC) {
-      const int64_t kend = kc + QO_PANEL_KC < K8 ? kc + QO_PANEL_KC : K8;
-      for (int64_t i = 0; i < mcount; i += 4) {
-        const int mr = (int)(mcount - i < 4 ? mcount - i : 4);
-        for (int64_t r = 0; r < rows; r += 3) {
-          const int nr = (int)(rows - r < 3 ? rows - r : 3);
-          avx_tiles[mr - 1][nr - 1](A + i * K, K, panel + r * ldp, ldp, kc, kend, part + i * ldpart + r * QO_LANES,
-                                    ldpart, kc == 0);
-        }
+    const int64_t mcount = M - mb < QO_PANEL_MB ? M - mb : QO_PANEL_MB, mtiles = (mcount + 3) / 4;
+    for (int64_t kc = 0; kc < steps; kc += kc_steps) {
+      const int64_t n_steps = steps - kc < kc_steps ? steps - kc : kc_steps;
+      for (int64_t ti = 0; ti < mtiles; ++ti) {
+        const float* a = job->a_pack + ((mb / 4 + ti) * steps + kc) * 32;
+        for (int64_t u = 0; u < ntiles; ++u)
+          avx_tile_4x3(a, panel + (u * steps + kc) * 24, n_steps, part + (ti * ntiles + u) * 96, kc == 0);
       }
     }
     for (int64_t i = 0; i < mcount; ++i)
       for (int64_t r = 0; r < rows; ++r) {
-        const float* lanes = K8 ? part + i * ldpart + r * QO_LANES : zeros;
-        job->Y[(mb + i) * N + n0 + r] =
-            finish(lanes, A + i * K + K8, panel + r * ldp + K8, t, out_scale(job, mb + i, n0 + r));
+        const float* lanes = K8 ? part + ((i / 4) * ntiles + r / 3) * 96 + ((i % 4) * 3 + r % 3) * QO_LANES : zeros;
+        const int64_t m = mb + i;
+        job->Y[m * N + n0 + r] = finish(lanes, job->A + m * K + K8, tail + r * QO_LANES, t, out_scale(job, m, n0 + r));
       }
   }
+}
+
+/* A [M, K] into 4-row micro-panels: tile ti, step s, row i: 8 floats at ((ti * steps + s) * 4 + i) * 8 (zero rows
+ * pad the last tile; the K % 8 tail is read from A itself). */
+static void pack_a(const float* A, int64_t M, int64_t K, float* out) {
+  const int64_t steps = K / QO_LANES, mtiles = (M + 3) / 4;
+  for (int64_t ti = 0; ti < mtiles; ++ti)
+    for (int i = 0; i < 4; ++i) {
+      const int64_t m = ti * 4 + i;
+      float* dst = out + ti * steps * 32 + i * 8;
+      for (int64_t s = 0; s < steps; ++s)
+        _mm256_storeu_ps(dst + s * 32, m < M ? _mm256_loadu_ps(A + m * K + s * 8) : _mm256_setzero_ps());
+    }
 }
 
 #if defined(__clang__)
@@ -459,17 +482,29 @@ void qo_cpu_set_parallel_runner(const qo_parallel_runner* runner) { tls_runner =
 static int run_gemm(const float* A, int64_t M, int64_t N, int64_t K, const qo_weight* w, const float* row_scale,
                     const float* col_scale, int64_t col_scale_count, float* Y) {
   fp8_value_table();
-  qo_job job = {A, M, N, K, w, row_scale, col_scale, col_scale_count, Y, QO_GEMV_ROWS, use_avx2(), 0};
-  if (job.avx2 && M > QO_GEMV_MAX_M) job.rows_per_task = QO_PANEL_ROWS;
+  qo_job job = {A, M, N, K, w, row_scale, col_scale, col_scale_count, Y, QO_GEMV_ROWS, use_avx2(), NULL, 0};
+  float* a_pack = NULL;
+#if QO_X86_AVX2
+  if (job.avx2 && M > QO_GEMV_MAX_M) {
+    job.rows_per_task = QO_PANEL_ROWS;
+    a_pack = (float*)malloc(sizeof(float) * (size_t)((M + 3) / 4 * 4 * (K / QO_LANES) * QO_LANES + 16));
+    if (!a_pack) return QO_ERR_ALLOC;
+    job.a_pack = align64(a_pack);
+    pack_a(A, M, K, (float*)job.a_pack);
+  }
+#endif
   const int64_t tasks = (N + job.rows_per_task - 1) / job.rows_per_task;
   const qo_parallel_runner* runner = tls_runner;
+  int status = QO_OK;
   if (runner) {
-    if (runner->run(runner->context, gemm_task, (size_t)tasks, &job) != QO_OK) return QO_ERR_DEVICE;
-    return job.failed ? QO_ERR_ALLOC : QO_OK;
-  }
+    status = runner->run(runner->context, gemm_task, (size_t)tasks, &job) != QO_OK ? QO_ERR_DEVICE : QO_OK;
+  } else {
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t t = 0; t < tasks; ++t) gemm_task(&job, (size_t)t);
-  return job.failed ? QO_ERR_ALLOC : QO_OK;
+    for (int64_t t = 0; t < tasks; ++t) gemm_task(&job, (size_t)t);
+  }
+  free(a_pack);
+  if (status == QO_OK && job.failed) status = QO_ERR_ALLOC;
+  return status;
 }
 
 /* ---------------- fp16 io, argument checks ---------------- */
