@@ -156,6 +156,8 @@ def test_nan_and_special_codes():
     codes[1, 5], codes[2, 70], codes[3, 0] = 0x7F, 0xFF, 0x7E
     y = native.matmul_fp8(a, codes, np.float32(1))
     assert np.isnan(y[:, 1]).all() and np.isnan(y[:, 2]).all() and not np.isnan(np.delete(y, [1, 2], 1)).any()
+    a6 = np.concatenate([a, a])  # M = 6: the decoded-panel path
+    assert np.array_equal(native.matmul_fp8(a6, codes, np.float32(1))[:3], y, equal_nan=True)
     w = e4m3fn_values(codes)
     ok = [i for i in range(n) if i not in (1, 2)]
     assert rel_error(y[:, ok], a, w[ok]) <= REL_FP32
