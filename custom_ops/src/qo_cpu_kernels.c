@@ -46,9 +46,15 @@
 #define QO_DYNAMIC_SCALE_MIN 1e-12f
 #define QO_GEMV_MAX_M 4       /* M up to this: GEMV straight from the compact weight */
 #define QO_GEMV_ROWS 16       /* weight rows per task (GEMV) */
+#ifndef QO_PANEL_ROWS
 #define QO_PANEL_ROWS 48      /* weight rows per task (M > 4): decoded once to float32 */
+#endif
+#ifndef QO_PANEL_KC
 #define QO_PANEL_KC 512       /* K block of the register tiles (A 8 KB + weights 6 KB per tile: L1) */
+#endif
+#ifndef QO_PANEL_MB
 #define QO_PANEL_MB 64        /* activation rows per pass over a panel (bounds the partial-sum buffer) */
+#endif
 
 #if defined(_MSC_VER)
 #define QO_THREAD_LOCAL __declspec(thread)
