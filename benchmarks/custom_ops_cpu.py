@@ -5,6 +5,9 @@ plain memory-read bandwidth measured in the same run.
     python benchmarks/custom_ops_cpu.py [--shapes 4096x4096,4096x14336] [--formats mxfp4,nvfp4,fp8,...]
                                         [--seconds 1.0] [--json OUT]
 
+Weights: MXFP4 / NVFP4 random codes and block scales; FP8 and INT8 a Gaussian quantized per output channel (FP8:
+e4m3 codes of w / (max|w| / 448), as Quark's export; uniformly random FP8 codes would hit the decode's slow route
+for subnormal codes far more often than real weights do, see qo_cpu_kernels.c); BF16 a Gaussian.
 Shapes are K x N (A [M, K], weight [N, K] as Quark stores it; the fp32 form is a [K, N] initializer of MatMul).
 Forms per format, each a one-node model built here (no function fallback, no builder):
   kernel  com.quark_onnx.<Op> with the library (custom_ops/build/ort, built on demand)
@@ -118,14 +121,16 @@ def make_weight(fmt: str, rng, n: int, k: int):
         return "MatMulNvfp4", [numpy_helper.from_array(b, "B"), _f8("B_scale", s),
                                numpy_helper.from_array(np.array(s2), "B_scale_2")], \
             {"K": k, "N": n}, b.nbytes + s.nbytes, dense
-    if fmt in ("fp8", "fp8_w8a8_dyn"):
-        b = rng.integers(0, 0x7E, (n, k), dtype=np.uint8) | (rng.integers(0, 2, (n, k), dtype=np.uint8) << 7)
-        s = rng.uniform(1e-3, 2e-3, n).astype(np.float32)
+    if fmt in ("fp8", "fp8_w8a8_dyn"):  # a Gaussian weight quantized per channel, as Quark's FP8 PTPC export does
+        w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+        s = (np.abs(w).max(axis=1) / 448).astype(np.float32)
+        b = (w / s[:, None]).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
         op = "MatMulFp8" if fmt == "fp8" else "MatMulFp8W8A8Dyn"
         return op, [_f8("B", b), numpy_helper.from_array(s, "B_scale")], {}, b.nbytes + s.nbytes, _e4m3(b) * s[:, None]
-    if fmt == "int8":
-        b = rng.integers(-127, 128, (n, k), dtype=np.int8)
-        s = rng.uniform(1e-3, 2e-3, n).astype(np.float32)
+    if fmt == "int8":  # per-channel symmetric int8 of a Gaussian weight
+        w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+        s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
+        b = np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8)
         return "MatMulInt8", [numpy_helper.from_array(b, "B"), numpy_helper.from_array(s, "B_scale")], {}, \
             b.nbytes + s.nbytes, b.astype(np.float32) * s[:, None]
     if fmt == "bf16":

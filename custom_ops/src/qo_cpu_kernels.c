@@ -430,11 +430,18 @@ static void avx_panel_task(qo_job* job, int64_t n0, int64_t n1) {
     const int64_t mcount = M - mb < QO_PANEL_MB ? M - mb : QO_PANEL_MB, mtiles = (mcount + 3) / 4;
     for (int64_t kc = 0; kc < steps; kc += kc_steps) {
       const int64_t n_steps = steps - kc < kc_steps ? steps - kc : kc_steps;
+#ifdef QO_PANEL_N_OUTER
+      for (int64_t u = 0; u < ntiles; ++u)
+        for (int64_t ti = 0; ti < mtiles; ++ti)
+          avx_tile_4x3(job->a_pack + ((mb / 4 + ti) * steps + kc) * 32, panel + (u * steps + kc) * 24, n_steps,
+                       part + (ti * ntiles + u) * 96, kc == 0);
+#else
       for (int64_t ti = 0; ti < mtiles; ++ti) {
         const float* a = job->a_pack + ((mb / 4 + ti) * steps + kc) * 32;
         for (int64_t u = 0; u < ntiles; ++u)
           avx_tile_4x3(a, panel + (u * steps + kc) * 24, n_steps, part + (ti * ntiles + u) * 96, kc == 0);
       }
+#endif
     }
     for (int64_t i = 0; i < mcount; ++i)
       for (int64_t r = 0; r < rows; ++r) {
