@@ -3,7 +3,7 @@ weight (MLAS), per weight format, at decode (M = 1) and prefill (M = 128), with 
 plain memory-read bandwidth measured in the same run.
 
     python benchmarks/custom_ops_cpu.py [--shapes 4096x4096,4096x14336] [--formats mxfp4,nvfp4,fp8,...]
-                                        [--seconds 1.0] [--json OUT]
+                                        [--seconds 1.0] [--json OUT] [--memory]
 
 Weights: MXFP4 / NVFP4 random codes and block scales; FP8 and INT8 a Gaussian quantized per output channel (FP8:
 e4m3 codes of w / (max|w| / 448), as Quark's export; uniformly random FP8 codes would hit the decode's slow route
@@ -195,6 +195,45 @@ def time_round_robin(sessions: dict, a: np.ndarray, seconds: float) -> tuple[dic
             {name: statistics.median(v) * 1e3 for name, v in cpu.items()})
 
 
+_MEMORY_CHILD = """
+import gc, sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+from benchmarks.custom_ops_cpu import fp32_model, kernel_model, make_weight, session
+fmt, form, k, n, lib = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+op, inits, attrs, nbytes, dense = make_weight(fmt, np.random.default_rng(0), n, k)
+blob = kernel_model(op, inits, attrs) if form == "kernel" else fp32_model(dense)
+del inits, dense
+gc.collect()
+def kib(field):
+    return int(next(l for l in open("/proc/self/status") if l.startswith(field)).split()[1])
+rss0 = kib("VmRSS:")
+s = session(blob, 1, lib if form == "kernel" else None)
+rss1 = kib("VmRSS:")
+open("/proc/self/clear_refs", "w").write("5")  # Linux: reset the peak (VmHWM) to the current RSS
+s.run(None, {"A": np.ones((1, k), np.float32)})
+print(rss1 - rss0, kib("VmHWM:") - rss1, nbytes)
+"""
+
+
+def run_memory(library: str, formats: list[str], k: int, n: int) -> list[dict]:
+    """RSS added by creating the session (the serialized model already held) and the extra peak of one M=1 run
+    (Linux VmHWM after clear_refs), kernel form against the fp32 MatMul form; a fresh process per form."""
+    rows = []
+    for fmt in formats:
+        row = {"format": fmt, "K": k, "N": n}
+        for form in ("kernel", "fp32"):
+            out = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(REPO), fmt, form, str(k), str(n), library],
+                                 capture_output=True, text=True, check=True).stdout.split()
+            row[f"{form}_session_MiB"] = round(int(out[0]) / 1024, 1)
+            row[f"{form}_run_peak_MiB"] = round(int(out[1]) / 1024, 1)
+            row["weight_MiB"] = round(int(out[2]) / 2**20, 1)
+        rows.append(row)
+        print(f"{fmt:13s} {k}x{n}: weight {row['weight_MiB']} MiB; session RSS (+ extra peak of one run): kernel "
+              f"{row['kernel_session_MiB']} (+{row['kernel_run_peak_MiB']}) MiB, fp32 MatMul {row['fp32_session_MiB']} "
+              f"(+{row['fp32_run_peak_MiB']}) MiB", flush=True)
+    return rows
+
+
 FORMATS = ("mxfp4", "nvfp4", "fp8", "int8", "bf16", "fp8_w8a8_dyn")
 
 
@@ -205,8 +244,15 @@ def main(argv=None) -> int:
     p.add_argument("--prefill", type=int, default=128)
     p.add_argument("--seconds", type=float, default=1.0)
     p.add_argument("--json", type=Path)
+    p.add_argument("--memory", action="store_true", help="only the session-memory comparison (first shape)")
     args = p.parse_args(argv)
     library = str(ort_library.build(log=lambda m: print(m, file=sys.stderr)))
+    if args.memory:
+        k, n = (int(x) for x in args.shapes.split(",")[0].lower().split("x"))
+        rows = run_memory(library, args.formats.split(","), k, n)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return 0
     load = lambda: "/".join(f"{x:.1f}" for x in os.getloadavg())
     bandwidth = memory_read_gbs()
     bandwidth_before = dict(bandwidth)

@@ -280,6 +280,14 @@ QO_INLINE void avx_dec32(const int fmt, const qo_weight* w, const uint8_t* row, 
   for (int i = 0; i < 4; ++i) out[i] = avx_dec8(fmt, w, row, srow, k + 8 * i);
 }
 
+/* finish() for K % 8 == 0 with the same three additions in the same order: (l_j + l_j+4), then (s0 + s2, s1 + s3),
+ * then t0 + t1; then the scale. */
+QO_INLINE float avx_fold_scale(__m256 v, float scale) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1))) * scale;
+}
+
 /* GEMV tile: mr activation rows (all of M) x nr weight rows starting at n, straight from the compact weight. */
 QO_INLINE void avx_gemv_tile(const int fmt, const int mr, const int nr, qo_job* job, int64_t n) {
   const qo_weight* w = job->w;
@@ -309,6 +317,12 @@ QO_INLINE void avx_gemv_tile(const int fmt, const int mr, const int nr, qo_job* 
       for (int i = 0; i < mr; ++i) acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(A + i * K + k), wv, acc[i][r]);
     }
   const int t = (int)(K - K8);
+  if (t == 0) {
+    for (int r = 0; r < nr; ++r)
+      for (int i = 0; i < mr; ++i)
+        job->Y[i * job->N + n + r] = avx_fold_scale(acc[i][r], out_scale(job, i, n + r));
+    return;
+  }
   for (int r = 0; r < nr; ++r) {
     float wt[QO_LANES];
     for (int j = 0; j < t; ++j) wt[j] = decode_one(w, n + r, K8 + j);
@@ -442,6 +456,14 @@ static void avx_panel_task(qo_job* job, int64_t n0, int64_t n1) {
           avx_tile_4x3(a, panel + (u * steps + kc) * 24, n_steps, part + (ti * ntiles + u) * 96, kc == 0);
       }
 #endif
+    }
+    if (t == 0) {
+      for (int64_t i = 0; i < mcount; ++i)
+        for (int64_t r = 0; r < rows; ++r) {
+          const __m256 lanes = _mm256_loadu_ps(part + ((i / 4) * ntiles + r / 3) * 96 + ((i % 4) * 3 + r % 3) * 8);
+          job->Y[(mb + i) * N + n0 + r] = avx_fold_scale(lanes, out_scale(job, mb + i, n0 + r));
+        }
+      continue;
     }
     for (int64_t i = 0; i < mcount; ++i)
       for (int64_t r = 0; r < rows; ++r) {
