@@ -18,9 +18,10 @@
  * Shapes of the work:
  *   - M <= 4 (decode): a GEMV over blocks of weight rows; each weight byte is read once, decoded in registers
  *     (32 elements per step), and multiplied against all M activation rows.
- *   - M > 4 (prefill): a task decodes its 48 weight rows x K to float32 once (thread-local panel), then register
- *     tiles of 4 activation rows x 3 weight rows (12 accumulators) run over K blocks of 256 (L1-resident), keeping
- *     their 8-lane partial sums in a thread-local buffer between K blocks (so each lane's order is unchanged).
+ *   - M > 4 (prefill): A is packed once into 4-row micro-panels; a task decodes its 48 weight rows x K to float32
+ *     once, in 3-row micro-panels (thread-local), then register tiles of 4 activation rows x 3 weight rows (12
+ *     accumulators) run over K blocks of 512 (L1-resident), keeping their 8-lane partial sums in a thread-local
+ *     buffer between K blocks (so each lane's order is unchanged).
  * Work is split over weight-row blocks: OpenMP by default, or the caller's runner (the ORT layer: ORT's intra-op
  * pool through KernelContext_ParallelFor). fp16 A/Y are converted around the float32 core. */
 #include <math.h>
