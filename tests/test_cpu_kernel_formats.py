@@ -227,3 +227,18 @@ def test_same_bits_from_builds_without_simd_and_native(tmp_path):
         out = np.empty_like(y)
         assert fn(a.ctypes.data, codes.ctypes.data, scale.ctypes.data, n, out.ctypes.data, 6, n, k) == 0
         assert np.array_equal(out, y), label
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "bf16"])
+def test_tiny_shapes(fmt, portable):
+    """K below one 8-lane step, exactly one step, one 32-element chunk plus a tail; N = 1; M on both paths."""
+    rng = np.random.default_rng(13)
+    for n, k in [(1, 5), (5, 8), (4, 39), (2, 1)]:
+        call, w = make_case(fmt, rng, n, k)
+        a = rng.standard_normal((6, k)).astype(np.float32)
+        y = call(a)
+        assert rel_error(y, a, w) <= REL_FP32, f"{fmt} N={n} K={k}"
+        assert np.array_equal(call(a[:1]), y[:1]) and np.array_equal(call(a[:3]), y[:3])
+        portable(True)
+        assert np.array_equal(call(a), y), f"{fmt} N={n} K={k}: portable"
+        portable(False)
