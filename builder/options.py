@@ -41,6 +41,8 @@ def _choices_of(module_attr: tuple[str, str]):
 
 
 def _path(key: str, text: str):
+    if text == "none":  # custom_ops_library=none: no library, the dense fp32 CPU forms (builder/compact_forms.py)
+        return text
     if not text:
         raise ConversionError("needs a path", field=f"--extra_options {key}", value=text)
     return text  # loadability is checked where the library is bundled
@@ -115,7 +117,8 @@ OPTIONS: dict[str, Option] = {
     "embedding": Option(choice("float", "bf16"), None,
                         "token embedding storage: float (io dtype) | bf16 (checkpoint's bf16 bits, Gather + Cast, exact; "
                         "cpu)"),
-    "custom_ops_library": Option(_path, None, "custom-op shared library, copied into the output folder"),
+    "custom_ops_library": Option(_path, None, "custom-op shared library, copied into the output folder (cpu default: found or built by the "
+                                 "converter; none: no library and the dense fp32 forms)"),
 }
 
 

@@ -82,8 +82,8 @@ def test_fp8_emitted_ops(exports, recipe, ep, precision, tmp_path):
     block = ep == "cuda" and plan.io != "fp32" and not dynamic
     if block:
         assert ops.get("MatMulBlockQuantizedFp8Weight") == 14 and fp8_weight_dq_count(out) == 0
-    elif ep == "cpu":
-        assert fp8_weight_dq_count(out) == 0 and ops["QuantizeLinear"] >= 14
+    elif ep == "cpu":  # the compact default: MatMulFp8 on the checkpoint's fp8 bytes, no dequantized weight
+        assert fp8_weight_dq_count(out) == 0 and ops["QuantizeLinear"] >= 14 and ops.get("MatMulFp8") == 14
     else:
         assert fp8_weight_dq_count(out) == 14
     if not block:

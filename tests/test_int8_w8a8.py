@@ -31,10 +31,11 @@ def test_int8_cpu_matches_quark_emulation(export, tmp_path):
 
 @pytest.mark.parametrize("ep,dq", [("cpu", 14), ("cuda", 28), ("migraphx", 28)])
 def test_int8_emitted_ops(export, ep, dq, tmp_path):
-    """GPU EPs: Q/DQ activation + DQ weight (28 DQ); CPU: Q/DQ activation only, weights fp32 initializers."""
+    """GPU EPs: Q/DQ activation + DQ weight (28 DQ); CPU: Q/DQ activation only, MatMulInt8 on the int8 weights."""
     convert(export / "quark", tmp_path / ep, ep, log=lambda m: None)
     ops = op_types(tmp_path / ep)
     assert ops["QuantizeLinear"] == 14 and ops["DequantizeLinear"] == dq and "GroupQueryAttention" in ops
+    assert ops.get("MatMulInt8", 0) == (14 if ep == "cpu" else 0)  # cpu: the compact default, checkpoint bytes
 
 
 INTEGER_GEMMS = ("MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QLinearMatMul", "MatMulInteger")
