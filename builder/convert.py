@@ -234,7 +234,7 @@ EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "int8_linear": INT8_LINEAR_FORMS
 LM_HEAD_SCHEMES = {"int8": (FloatToInt8Linear, "quantizes a copy of it to 8 bits"),
                    "bf16": (FloatBf16Linear, "reads its bf16 bits (one table with embedding=bf16, else a copy)")}
 
-OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS, "lm_head": LM_HEAD_FORMS}
+OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS, "lm_head": LM_HEAD_FORMS, "prefill_logits": ("all", "last")}
 
 
 def check_options(options: BuildOptions) -> None:
