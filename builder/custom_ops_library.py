@@ -44,9 +44,26 @@ def _refuse(path: str, message: str) -> ConversionError:
     return ConversionError(message, file=path, field=FIELD, value=path)
 
 
+_CHECKED: dict[tuple, tuple[str, ...]] = {}  # (path, size, mtime) -> kernels: one loading process per library file
+
+
 def check_custom_ops_library(path: str) -> tuple[str, ...]:
     """The kernel builds the library holds (("cpu",), ("cpu", "cuda"), () for a foreign custom-op library), or
     ConversionError naming what is wrong with it."""
+    try:
+        st = Path(path).stat()
+        key = (str(path), st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = None
+    if key in _CHECKED and str(path) in _SYMBOLS:
+        return _CHECKED[key]
+    kernels = _check(path)
+    if key is not None:
+        _CHECKED[key] = kernels
+    return kernels
+
+
+def _check(path: str) -> tuple[str, ...]:
     lib = Path(path)
     if not lib.exists():
         raise _refuse(path, "custom-op library not found")
