@@ -80,6 +80,10 @@ def linear_tensors(scheme: str, rng, proj: str, n: int, k: int) -> dict[str, np.
     return {"weight": packed, "weight_scale": block, "weight_scale_2": _scalar(2e-3), "input_scale_2": _scalar(0.01)}
 
 
+# the compact form asked for explicitly: the default chooses it only where the shipped library has the op's kernel
+# (builder/compact_forms.py missing_kernels); this run measures the form either way and says which ran
+COMPACT_OPTION = {"fp8_kv": "fp8_linear=compact", "ptpc": "fp8_linear=compact", "int8": "int8_linear=compact",
+                  "mxfp4": "fp4_linear=compact", "nvfp4": "fp4_linear=compact"}
 SCHEMES = {  # row name -> (synthetic scheme, config key of real_size_quant_configs.json, release it stands for)
     "fp8_kv": ("fp8_kv", "fp8_w8a8_kv", "Llama-3.1-8B FP8 W8A8 + FP8 KV"),
     "ptpc": ("ptpc", "ptpc_fp8", "Llama-3.1-8B PTPC FP8"),
@@ -261,6 +265,21 @@ def session_weight_bytes(model_dir: Path) -> dict:
     return {"streamed_bytes_per_token": streamed}
 
 
+def kernels_used(model_dir: Path) -> dict[str, str]:
+    """{com.quark_onnx op: "kernel" | "function (folded to fp32 at load)"} for the ops of the output."""
+    import onnx
+    from builder.custom_ops_library import OP_SYMBOLS, _SYMBOLS, check_custom_ops_library
+    cfg = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]
+    library = cfg.get("session_options", {}).get("custom_ops_library")
+    symbols = frozenset()
+    if library:
+        check_custom_ops_library(str(model_dir / library))
+        symbols = _SYMBOLS[str(model_dir / library)]
+    ops = {n.op_type for n in onnx.load(str(model_dir / "model.onnx"), load_external_data=False).graph.node
+           if n.domain == "com.quark_onnx"}
+    return {op: "kernel" if OP_SYMBOLS.get(op) in symbols else "function (folded to fp32 at load)" for op in ops}
+
+
 def table(rows: list[dict]) -> str:
     head = ("| shape | form | output / export (full depth) | output GB | load RSS / output | decode RSS MiB | "
             "decode tok/s (x dense) | prefill 128 ms (x dense) | GB/s streamed |")
@@ -295,7 +314,7 @@ def main(argv=None) -> int:
         release = SCHEMES[scheme][2]
         export = write_export(work / f"{scheme}_export", scheme, a.layers, a.vocab)
         ex_split = _split_bytes(list(export_items(export)), a.vocab)
-        forms = {"compact (default)": (work / f"{scheme}_compact", []),
+        forms = {"compact": (work / f"{scheme}_compact", [COMPACT_OPTION[kind]]),
                  "fp32-dense (custom_ops_library=none)": (work / f"{scheme}_dense", ["custom_ops_library=none"])}
         info = {form: convert(export, out, extra) for form, (out, extra) in forms.items()}
         runs = {form: [] for form in forms}
@@ -318,6 +337,7 @@ def main(argv=None) -> int:
                             and not f.name.startswith("tokenizer")) - sum(s for _, _, s in items)
             out_split["other"] += graph_etc
             streamed = session_weight_bytes(out)["streamed_bytes_per_token"]
+            info[form]["kernels"] = kernels_used(out)
             row = {"release": release, "scheme": scheme, "form": form, **best, **info[form],
                    "runs": runs[form], "export_gb_full": full_bytes(ex_split, a.vocab) / 1e9,
                    "output_gb_full": full_bytes(out_split, a.vocab) / 1e9,
@@ -333,19 +353,29 @@ def main(argv=None) -> int:
                 row["decode_vs_dense"] = row["decode_tps"] / dense["decode_tps"]
                 row["prefill_vs_dense"] = row["prefill_ms"] / dense["prefill_ms"]
         print(table([r for r in rows if r.get("scheme") == scheme or r["release"] == release]), flush=True)
+        _save(rows, argv)
         if not a.keep:
             for out, _ in forms.values():
                 shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(export, ignore_errors=True)
+    _save(rows, argv)
+    print(table(rows))
+    return 0
+
+
+def _save(rows: list[dict], argv) -> None:
+    """Write the table and JSON; rows of other shapes already in the JSON (an earlier --only run) are kept."""
     results = REPO / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
+    old = results / "real_size.json"
+    if old.exists():
+        mine = {r.get("scheme") for r in rows}
+        rows = [r for r in json.loads(old.read_text())["rows"] if r.get("scheme") not in mine] + rows
     meta = {"command": "python benchmarks/real_size.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": {"cpus": os.cpu_count(), "load_avg_end": os.getloadavg()},
             "note": "sizes extrapolated to 32 layers and a 128256 vocabulary; speed and RSS measured on the slice"}
     (results / "real_size.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (results / "real_size.md").write_text(f"`{meta['command']}`\n\n{table(rows)}\n")
-    print(table(rows))
-    return 0
 
 
 if __name__ == "__main__":

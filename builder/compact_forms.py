@@ -11,7 +11,9 @@ On the cpu EP, unless the user chose otherwise with --extra_options:
 The activation emulation of each scheme stays in standard ops in front of the node, so the logits are the dense fp32
 form's (the weight product fp8 * s is the same float32 value; only the summation order of the GEMM differs).
 Every com.quark_onnx node carries its ONNX-function fallback: the output runs without the library too (ORT then
-constant-folds the weight into the dense fp32 one at load, the old form's memory and speed).
+constant-folds the weight into the dense fp32 one at load: the old form's speed, and a higher peak memory while it
+folds). A library built before an op's kernel existed therefore does not get that op's compact form by default: those
+layers keep the dense fp32 form, with a note (missing_kernels).
 
 The library (custom_ops/ort_library.py: the ORT C API header, fetched once, and a C/C++ compiler) is looked up or built
 at plan time. When that fails (no compiler, no header, no network) the conversion prints one warning naming the reason
@@ -47,9 +49,36 @@ def bf16_defaults(options, ckpt, ep, with_library: bool) -> dict:
     return out
 
 
-def fp32_ep(ep, options):
-    """The EP profile with the fp32 forms for every compact default the user did not choose explicitly."""
-    return replace(ep, **{k: v for k, v in FP32_FORMS.items() if getattr(ep, k) == COMPACT and k not in options.extra})
+def fp32_ep(ep, options, only=None):
+    """The EP profile with the fp32 forms for every compact default the user did not choose explicitly (`only`: for
+    these keys only)."""
+    return replace(ep, **{k: v for k, v in FP32_FORMS.items() if getattr(ep, k) == COMPACT and k not in options.extra
+                          and (only is None or k in only)})
+
+
+# which default each com.quark_onnx op comes from
+OP_KEYS = {"MatMulFp8": "fp8_linear", "MatMulInt8": "int8_linear", "MatMulMxfp4": "fp4_linear",
+           "MatMulNvfp4": "fp4_linear", "MatMulBf16": "lm_head"}
+
+
+def missing_kernels(plan, library: str, options) -> dict[str, str]:
+    """{default key: op} for the default compact forms whose op `library` has no CPU kernel for (a build older than
+    the op). Keys the user chose explicitly are kept as chosen."""
+    from .custom_ops_library import _SYMBOLS, OP_SYMBOLS
+    symbols = _SYMBOLS.get(str(library), frozenset())
+    out = {}
+    for lp in plan.linears.values():
+        op = getattr(lp.scheme, "custom_op", lambda *_: None)(lp, plan.ep, plan.io)
+        key = OP_KEYS.get(op)
+        if key and key not in options.extra and OP_SYMBOLS[op] not in symbols:
+            out[key] = op
+    return out
+
+
+def missing_note(key: str, op: str, library: str) -> str:
+    return (f"{key}: the dense fp32 form, not the compact default: {library} has no {op} kernel (built before it "
+            f"existed; through its ONNX function ORT would fold the weight to fp32 at load). `{BUILD_COMMAND} "
+            "--force` rebuilds it from the current sources")
 
 
 def find_or_build(build: bool = True, log=None) -> tuple[str | None, str]:

@@ -36,6 +36,17 @@ def shipped_library(model_dir: Path) -> str | None:
     return str(model_dir / name) if name else None
 
 
+def cpu_library_has_kernel(op: str) -> bool:
+    """Whether the custom-op library the converter finds (custom_ops/build/ort) has op's CPU kernel: the cpu EP's
+    default is then the compact form of op (builder/compact_forms.py missing_kernels), else the dense fp32 form."""
+    import ctypes
+
+    from builder.custom_ops_library import OP_SYMBOLS
+    from custom_ops import ort_library
+    path, _ = ort_library.available()
+    return path is not None and hasattr(ctypes.CDLL(str(path)), OP_SYMBOLS[op])
+
+
 def prompt_logits(model_dir: Path, input_ids: np.ndarray, session_config: dict | None = None,
                   custom_ops_library: str | None = None, profile_nodes: list | None = None) -> np.ndarray:
     """Logits of the whole prompt in one run with an empty KV cache (CPU EP), with the custom-op library the output

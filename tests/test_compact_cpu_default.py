@@ -57,9 +57,14 @@ def float_matrices(model_dir: Path) -> list[str]:
             and not t.name.endswith(ROTARY) and "embed_tokens" not in t.name and "lm_head" not in t.name]
 
 
+COMPACT = {"MatMulFp8": {"fp8_linear": "compact"}, "MatMulInt8": {"int8_linear": "compact"},
+           "MatMulMxfp4": {"fp4_linear": "compact"}, "MatMulNvfp4": {"fp4_linear": "compact"}}
+
+
 @pytest.mark.parametrize("recipe,op", SCHEMES)
-def test_compact_default_keeps_checkpoint_bytes(exports, recipe, op, tmp_path):
-    out = build(exports[recipe], tmp_path / "m")
+def test_compact_form_keeps_checkpoint_bytes(exports, recipe, op, tmp_path):
+    """The compact form (the default where the library has the op's kernel): the checkpoint's bytes, <= 1.15x."""
+    out = build(exports[recipe], tmp_path / "m", **COMPACT[op])
     assert op_types(out).get(op) == 14, op_types(out)
     assert not float_matrices(out), float_matrices(out)
     total, rotary = output_tensor_bytes(out)
@@ -68,6 +73,37 @@ def test_compact_default_keeps_checkpoint_bytes(exports, recipe, op, tmp_path):
     cfg = json.loads((out / "genai_config.json").read_text())
     library = cfg["model"]["decoder"]["session_options"]["custom_ops_library"]
     assert (out / library).is_file()
+
+
+@pytest.mark.parametrize("recipe,op", [("fp8_w8a8_kv", "MatMulFp8"), ("ptpc_fp8", "MatMulFp8"),
+                                       ("int8_w8a8", "MatMulInt8"), ("mxfp4", "MatMulMxfp4"),
+                                       ("nvfp4", "MatMulNvfp4")])
+def test_compact_form_logits(exports, recipe, op, tmp_path):
+    """FP4: the compact form vs Quark's own model (reference.npz, the FP4 tests' tolerance). FP8/INT8: vs the dense
+    fp32 form, which the scheme tests hold to the emulation of Quark (tests/test_fp8_w8a8.py, test_int8_w8a8.py):
+    the same weight products, float32 summation order apart."""
+    ref = np.load(exports[recipe] / "reference.npz")
+    out = build(exports[recipe], tmp_path / "m", **COMPACT[op])
+    logits = prompt_logits(out, ref["input_ids"])
+    if op in ("MatMulMxfp4", "MatMulNvfp4"):
+        assert np.abs(logits - ref["logits"]).max() < 1e-4
+    else:
+        dense = build(exports[recipe], tmp_path / "d", custom_ops_library="none")
+        assert np.abs(logits - prompt_logits(dense, ref["input_ids"])).max() < 1e-5
+
+
+@pytest.mark.parametrize("has_kernel", [False, True])
+def test_default_follows_the_library_kernels(exports, has_kernel, tmp_path, monkeypatch):
+    """The default is the compact form only for ops whose kernel the library has (else ORT folds the function's
+    weight to fp32 at load): a library without MatMulFp8 keeps FP8 dense, with a note; with it, MatMulFp8."""
+    from builder import custom_ops_library
+    symbol = "qo_matmul_mxfp4_f32" if has_kernel else "qo_matmul_no_such_kernel"  # an exported one, or none
+    monkeypatch.setitem(custom_ops_library.OP_SYMBOLS, "MatMulFp8", symbol)
+    from builder.convert import convert
+    plan = convert(exports["fp8_w8a8"] / "quark", tmp_path / "m", "cpu", "fp32", log=lambda m: None)
+    assert op_types(tmp_path / "m").get("MatMulFp8", 0) == (14 if has_kernel else 0)
+    assert any(n.startswith("fp8_linear: the dense fp32 form") for n in plan.notes) != has_kernel, plan.notes
+    assert len(float_matrices(tmp_path / "m")) == (0 if has_kernel else 14)
 
 
 def test_dense_fp32_form_is_bigger(exports, tmp_path):
@@ -109,7 +145,7 @@ def test_no_library_one_line_and_fp32_forms(exports, tmp_path, monkeypatch):
 def test_compact_output_runs_without_library(exports, tmp_path):
     """The ONNX-function fallbacks: the library deleted from the output, the logits are unchanged."""
     src = exports["nvfp4"]
-    out = build(src, tmp_path / "m")
+    out = build(src, tmp_path / "m", fp4_linear="compact")
     ids = np.load(src / "reference.npz")["input_ids"]
     with_lib = prompt_logits(out, ids)
     without = prompt_logits(out, ids, custom_ops_library="")
@@ -134,7 +170,7 @@ def _optimized_initializers(model_dir: Path, library: str, tmp_path: Path) -> tu
                                        ("int8_w8a8", "MatMulInt8"), ("nvfp4", "MatMulNvfp4")])
 def test_ort_keeps_compact_weights(exports, recipe, op, tmp_path):
     """With the library's kernel, ORT's optimizer leaves the node and its compact weight alone (no fp32 copy)."""
-    out = build(exports[recipe], tmp_path / "m")
+    out = build(exports[recipe], tmp_path / "m", **COMPACT[op])
     cfg = json.loads((out / "genai_config.json").read_text())
     library = str(out / cfg["model"]["decoder"]["session_options"]["custom_ops_library"])
     check_custom_ops_library(library)
@@ -153,7 +189,7 @@ def test_bf16_checkpoint_keeps_bf16_embedding_and_lm_head(quark_exports, recipe,
     """A bf16 export, 4-bit integer schemes included: the embedding (Gather + Cast) and the lm_head (MatMulBf16) keep
     the checkpoint's bf16 bits by default; exact, so the logits equal the fp32 form's up to summation order."""
     export = quark_exports("llama_h64_bf16", recipe)
-    out = build(export, tmp_path / "m")
+    out = build(export, tmp_path / "m", **COMPACT.get(op, {}))
     ops = op_types(out)
     assert ops.get(op, 0) >= 7 and ops.get("MatMulBf16") == 1 and "Gemm" not in ops, ops
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
