@@ -104,7 +104,7 @@ def _plan_compact(args, ep, io, options, library_kernels, no_library: bool, buil
     """_plan_layers with the cpu EP's compact defaults resolved: the library found (or built) and named in the
     options, or the fp32 forms and one warning saying why (builder/compact_forms.py)."""
     ckpt = args[7]
-    auto = compact_forms.is_cpu_default(ep) and not options.custom_ops_library and not no_library
+    auto = compact_forms.is_cpu_default(ep) and not no_library
 
     def with_defaults(with_library: bool, without=()) -> BuildOptions:
         defaults = compact_forms.bf16_defaults(options, ckpt, ep, with_library and not no_library)
@@ -113,19 +113,20 @@ def _plan_compact(args, ep, io, options, library_kernels, no_library: bool, buil
     plan = _plan_layers(*args, ep, io, with_defaults(True), library_kernels)
     if not auto or not uses_custom_ops(plan):
         return plan
-    path, why = compact_forms.find_or_build(build_library, log)
+    given = options.custom_ops_library  # checked by plan_model
+    path, why = (given, "") if given else compact_forms.find_or_build(build_library, log)
     if path:
-        kernels = check_custom_ops_library(path)
+        kernels = library_kernels if given else check_custom_ops_library(path)
         # a default compact form whose op this library has no kernel for would be constant-folded to fp32 at load
         # (more memory than the dense form while it folds): those keys keep the dense fp32 form
         missing = compact_forms.missing_kernels(plan, path, options)
         plan = _plan_layers(*args, compact_forms.fp32_ep(ep, options, only=missing), io,
                             replace(with_defaults(True, without=missing), custom_ops_library=path), kernels)
         plan.notes += [compact_forms.missing_note(key, op, path) for key, op in missing.items()]
-        if uses_custom_ops(plan):
+        if uses_custom_ops(plan) and not given:
             plan.notes.append(f"compact CPU forms: custom-op library {path}, copied into the output folder and named "
                               "in genai_config (the output also runs without it, through the ONNX-function fallbacks)")
-        else:  # nothing left for the library to run
+        elif not uses_custom_ops(plan) and not given:  # nothing left for the library to run
             plan.options = replace(plan.options, custom_ops_library=None)
         return plan
     if not build_library:  # inspect: say what the conversion will do
