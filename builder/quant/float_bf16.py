@@ -1,5 +1,5 @@
-"""`lm_head=bf16` (the cpu default for a BF16 lm_head, builder/compact_forms.py): a bf16 float lm_head kept as the checkpoint's own bf16 bits, multiplied by
-the com.quark_onnx MatMulBf16 kernel (custom_ops library, CPU).
+"""`lm_head=bf16` (the cpu default for a BF16 lm_head, builder/compact_forms.py): a bf16 float lm_head kept as the
+checkpoint's own bf16 bits, multiplied by the com.quark_onnx MatMulBf16 kernel (custom_ops library, CPU).
 
     x ──► MatMulBf16(x, B bfloat16 [vocab, hidden]) ──► logits        (+ its ONNX-function fallback)
 
