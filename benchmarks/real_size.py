@@ -314,7 +314,7 @@ def main(argv=None) -> int:
         release = SCHEMES[scheme][2]
         export = write_export(work / f"{scheme}_export", scheme, a.layers, a.vocab)
         ex_split = _split_bytes(list(export_items(export)), a.vocab)
-        forms = {"compact": (work / f"{scheme}_compact", [COMPACT_OPTION[kind]]),
+        forms = {"compact": (work / f"{scheme}_compact", [COMPACT_OPTION[SCHEMES[scheme][0]]]),
                  "fp32-dense (custom_ops_library=none)": (work / f"{scheme}_dense", ["custom_ops_library=none"])}
         info = {form: convert(export, out, extra) for form, (out, extra) in forms.items()}
         runs = {form: [] for form in forms}
