@@ -80,7 +80,7 @@ def matmul_mxfp4_function(onnx_opset: int = DEFAULT_ONNX_OPSET) -> onnx.Function
         n("Unsqueeze", ["code_odd", "last_axis"], ["code_odd_1"]),
         n("Concat", ["code_even_1", "code_odd_1"], ["code_pairs"], axis=-1),          # [N, K/2, 2]
         n("Reshape", ["code_pairs", "shape_n_blocks_32"], ["code_blocks"]),          # [N, K/32, 32]
-        n("Cast", ["code_blocks"], ["code_index"], to=TensorProto.INT64),
+        n("Cast", ["code_blocks"], ["code_index"], to=TensorProto.INT32),      # int32: half the folding peak
         n("Gather", ["fp4_table", "code_index"], ["value_blocks"]),                   # float [N, K/32, 32]
         n("Cast", ["B_scale"], ["scale_index"], to=TensorProto.INT64),
         n("Gather", ["e8m0_table", "scale_index"], ["block_scale"]),                  # float [N, K/32]
@@ -215,7 +215,7 @@ def matmul_nvfp4_function(onnx_opset: int = DEFAULT_ONNX_OPSET) -> onnx.Function
         n("Unsqueeze", ["code_odd", "last_axis"], ["code_odd_1"]),
         n("Concat", ["code_even_1", "code_odd_1"], ["code_pairs"], axis=-1),          # [N, K/2, 2]
         n("Reshape", ["code_pairs", "shape_n_blocks_16"], ["code_blocks"]),          # [N, K/16, 16]
-        n("Cast", ["code_blocks"], ["code_index"], to=TensorProto.INT64),
+        n("Cast", ["code_blocks"], ["code_index"], to=TensorProto.INT32),      # int32: half the folding peak
         n("Gather", ["fp4_table", "code_index"], ["value_blocks"]),                   # float [N, K/16, 16]
         n("Cast", ["B_scale"], ["block_e4m3"], to=TensorProto.FLOAT),                # [N, K/16]
         n("Reshape", ["B_scale_2", "scalar_shape"], ["scale_2"]),
