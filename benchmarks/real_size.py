@@ -225,7 +225,8 @@ def run_child(model_dir: Path, prefill_len: int, tokens: int) -> dict:
     r = subprocess.run([sys.executable, __file__, "_child", str(model_dir), str(prefill_len), str(tokens)],
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     if r.returncode:
-        return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:300]}
+        why = (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[-1][:300]
+        return {"error": f"killed by signal {-r.returncode} (out of memory?)" if r.returncode < 0 else why}
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -286,7 +287,9 @@ def table(rows: list[dict]) -> str:
     lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['release']} | {r['form']} | error: {r['error']} |||||||")
+            size = f"{r['ratio_to_export']:.2f}x | {r['output_gb_full']:.2f} (export {r['export_gb_full']:.2f})" \
+                if "ratio_to_export" in r else " | "
+            lines.append(f"| {r['release']} | {r['form']} | {size} | {r['error']} |||||")
             continue
         lines.append(
             f"| {r['release']} | {r['form']} | {r['ratio_to_export']:.2f}x | {r['output_gb_full']:.2f} "
@@ -306,6 +309,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--only", default=",".join(SCHEMES))
     ap.add_argument("--keep", action="store_true", help="keep the exports and outputs")
+    ap.add_argument("--run_folded", action="store_true",
+                    help="also load compact outputs whose ops the library has no kernel for (memory: see --help)")
     a = ap.parse_args(argv)
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -318,15 +323,30 @@ def main(argv=None) -> int:
                  "fp32-dense (custom_ops_library=none)": (work / f"{scheme}_dense", ["custom_ops_library=none"])}
         info = {form: convert(export, out, extra) for form, (out, extra) in forms.items()}
         runs = {form: [] for form in forms}
+        folded = {form: [op for op, how in kernels_used(out).items() if how != "kernel"]
+                  for form, (out, _) in forms.items()}
         for _ in range(a.rounds):  # interleaved: A, B, A, B
             for form, (out, _) in forms.items():
+                if folded[form] and not a.run_folded:  # the function fallback: ORT folds it to fp32 at load
+                    runs[form].append({"error": f"not run: the library has no {'/'.join(folded[form])} kernel; its "
+                                                "function is folded to fp32 at load (peak about 2x the dense form "
+                                                "for FP8, out of memory for NVFP4; --run_folded runs it)"})
+                    continue
                 runs[form].append(run_child(out, a.prefill, a.tokens))
         load = os.getloadavg()[0]
         dense = None
         for form, (out, _) in forms.items():
             ok = [r for r in runs[form] if "error" not in r]
             if not ok:
-                rows.append({"release": release, "form": form, "error": runs[form][0]["error"]})
+                items = list(output_items(out))
+                out_split = _split_bytes(items, a.vocab)
+                out_split["other"] += sum(f.stat().st_size for f in out.iterdir() if f.is_file()
+                                          and not f.name.startswith("tokenizer")) - sum(s for _, _, s in items)
+                full = full_bytes(out_split, a.vocab) / 1e9
+                rows.append({"release": release, "scheme": scheme, "form": form, "error": runs[form][0]["error"],
+                             "output_gb_full": full, "export_gb_full": full_bytes(ex_split, a.vocab) / 1e9,
+                             "ratio_to_export": full / (full_bytes(ex_split, a.vocab) / 1e9), **info[form],
+                             "kernels": kernels_used(out)})
                 continue
             best = {"decode_tps": max(r["decode_tps"] for r in ok), "prefill_ms": min(r["prefill_ms"] for r in ok),
                     "load_rss_mib": min(r["load_rss_mib"] for r in ok),
