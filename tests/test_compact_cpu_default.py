@@ -152,8 +152,8 @@ def test_compact_output_runs_without_library(exports, tmp_path):
     assert np.abs(with_lib - without).max() < 1e-4
 
 
-def _optimized_initializers(model_dir: Path, library: str, tmp_path: Path) -> tuple[dict[str, int], list[str]]:
-    """{initializer name: onnx dtype} of the graph ORT runs after its optimizer, with the library registered."""
+def _optimized_initializers(model_dir: Path, library: str, tmp_path: Path) -> tuple[dict, list[str]]:
+    """({initializer name: (onnx dtype, rank)}, node op types) of the graph ORT runs after its optimizer, with the library registered."""
     tmp_path.mkdir()
     so = ort.SessionOptions()
     so.log_severity_level = 3
@@ -163,7 +163,7 @@ def _optimized_initializers(model_dir: Path, library: str, tmp_path: Path) -> tu
     so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.data")
     ort.InferenceSession(str(model_dir / "model.onnx"), so, providers=["CPUExecutionProvider"])
     model = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False)
-    return {t.name: t.data_type for t in model.graph.initializer}, [n.op_type for n in model.graph.node]
+    return {t.name: (t.data_type, len(t.dims)) for t in model.graph.initializer}, [n.op_type for n in model.graph.node]
 
 
 @pytest.mark.parametrize("recipe,op", [("mxfp4", "MatMulMxfp4"), ("fp8_w8a8", "MatMulFp8"),
@@ -178,8 +178,10 @@ def test_ort_keeps_compact_weights(exports, recipe, op, tmp_path):
         pytest.skip(f"this build of the library has no {op} kernel yet ({OP_SYMBOLS[op]}): ORT folds its function")
     inits, ops = _optimized_initializers(out, library, tmp_path / "opt")
     assert ops.count(op) == 14, sorted(set(ops))
-    float_weights = [n for n, t in inits.items() if t == onnx.TensorProto.FLOAT and "proj" in n]
-    compact = [n for n, t in inits.items() if t != onnx.TensorProto.FLOAT and n.endswith((".fp8", ".int8", ".weight"))]
+    float_weights = [n for n, (t, rank) in inits.items() if t == onnx.TensorProto.FLOAT and rank == 2
+                     and not n.endswith(ROTARY) and "embed_tokens" not in n and "lm_head" not in n]
+    compact = [n for n, (t, _) in inits.items() if t != onnx.TensorProto.FLOAT
+               and n.endswith((".fp8", ".int8", ".weight")) and "layers" in n]
     assert not float_weights and len(compact) == 14, (float_weights, compact)
 
 
