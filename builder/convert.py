@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import arch as arch_registry
+from . import compact_forms
 from .checkpoint import Checkpoint
 from .config_schema import check_generation_config, check_rotary_size
 from .custom_ops_library import check_custom_ops_library, kernel_note
@@ -66,15 +67,23 @@ class ModelPlan:
 
 
 def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
-               options: BuildOptions | None = None, ckpt: Checkpoint | None = None) -> tuple[ModelPlan, Checkpoint]:
-    """Resolve every layer and check every tensor it needs, before anything is written."""
+               options: BuildOptions | None = None, ckpt: Checkpoint | None = None, *, build_library: bool = False,
+               log=None) -> tuple[ModelPlan, Checkpoint]:
+    """Resolve every layer and check every tensor it needs, before anything is written. On the cpu EP the custom-op
+    library of the compact forms is looked up, and built when `build_library` (the conversion; inspect only looks):
+    builder/compact_forms.py."""
     source = Path(source)
     check_input_folder(source)  # a file, a GGUF file, a Hub id, a missing folder: each its own message
     list_dir(source)  # an unreadable folder is refused here, not reported as "config.json not found"
     options = options or BuildOptions()
     check_options(options)
+    no_library = options.custom_ops_library == compact_forms.NO_LIBRARY
+    if no_library:
+        options = replace(options, custom_ops_library=None)
     library_kernels = check_custom_ops_library(options.custom_ops_library) if options.custom_ops_library else ()
     ep = apply_ep_overrides(get_ep(ep_name), options)
+    if no_library:
+        ep = compact_forms.fp32_ep(ep, options)
     io = precision or ep.default_precision
     if io not in ep.precisions:
         raise ConversionError(f"precision not supported on {ep.name}", field="--precision", value=io,
@@ -87,12 +96,54 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
     own = ckpt is None
     ckpt = ckpt or Checkpoint(source)
     try:
-        return _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, ep, io, options,
-                            library_kernels), ckpt
+        args = (source, cfg, quant, config_file, family, hp, generation, ckpt)
+        return _plan_compact(args, ep, io, options, library_kernels, no_library, build_library, log), ckpt
     except BaseException:
         if own:  # the shard fds are opened with the headers
             ckpt.close()
         raise
+
+
+def _plan_compact(args, ep, io, options, library_kernels, no_library: bool, build_library: bool, log) -> ModelPlan:
+    """_plan_layers with the cpu EP's compact defaults resolved: the library found (or built) and named in the
+    options, or the fp32 forms and one warning saying why (builder/compact_forms.py)."""
+    ckpt = args[7]
+    auto = compact_forms.is_cpu_default(ep) and not no_library
+
+    def with_defaults(with_library: bool, without=()) -> BuildOptions:
+        defaults = compact_forms.bf16_defaults(options, ckpt, ep, with_library and not no_library)
+        return replace(options, extra={**{k: v for k, v in defaults.items() if k not in without}, **options.extra})
+
+    plan = _plan_layers(*args, ep, io, with_defaults(True), library_kernels)
+    if not auto or not uses_custom_ops(plan):
+        return plan
+    given = options.custom_ops_library  # checked by plan_model
+    path, why = (given, "") if given else compact_forms.find_or_build(build_library, log)
+    if path:
+        kernels = library_kernels if given else check_custom_ops_library(path)
+        # a default compact form whose op this library has no kernel for would be constant-folded to fp32 at load
+        # (more memory than the dense form while it folds): those keys keep the dense fp32 form
+        missing = compact_forms.missing_kernels(plan, path, options)
+        plan = _plan_layers(*args, compact_forms.fp32_ep(ep, options, only=missing), io,
+                            replace(with_defaults(True, without=missing), custom_ops_library=path), kernels)
+        plan.notes += [compact_forms.missing_note(key, op, path) for key, op in missing.items()]
+        if uses_custom_ops(plan) and not given:
+            plan.notes.append(f"compact CPU forms: custom-op library {path}, copied into the output folder and named "
+                              "in genai_config (the output also runs without it, through the ONNX-function fallbacks)")
+        elif not uses_custom_ops(plan) and not given:  # nothing left for the library to run
+            plan.options = replace(plan.options, custom_ops_library=None)
+        return plan
+    if not build_library:  # inspect: say what the conversion will do
+        plan.notes.append(f"compact CPU forms: the conversion builds the custom-op library ({why}); where it cannot, "
+                          "it writes the dense fp32 forms")
+        return plan
+    plan = _plan_layers(*args, compact_forms.fp32_ep(ep, options), io, with_defaults(False), ())
+    plan.warnings.insert(0, compact_forms.fallback_warning(why))
+    return plan
+
+
+def uses_custom_ops(plan: ModelPlan) -> bool:
+    return any(getattr(lp.scheme, "custom_op", lambda *_: None)(lp, plan.ep, plan.io) for lp in plan.linears.values())
 
 
 def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, ep, io, options,
@@ -231,7 +282,7 @@ EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "int8_linear": INT8_LINEAR_FORMS
 LM_HEAD_SCHEMES = {"int8": (FloatToInt8Linear, "quantizes a copy of it to 8 bits"),
                    "bf16": (FloatBf16Linear, "reads its bf16 bits (one table with embedding=bf16, else a copy)")}
 
-OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS, "lm_head": LM_HEAD_FORMS}
+OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS, "lm_head": LM_HEAD_FORMS, "prefill_logits": ("all", "last")}
 
 
 def check_options(options: BuildOptions) -> None:
@@ -246,6 +297,10 @@ def check_options(options: BuildOptions) -> None:
 def apply_ep_overrides(ep: EPConfig, options: BuildOptions) -> EPConfig:
     """The EP profile with the user's per-scheme form choices applied (refused where the EP cannot read the form)."""
     for key in EP_OVERRIDES:
+        if options.extra.get(key) == compact_forms.COMPACT and ep.name != "cpu":
+            raise ConversionError(f"{key}=compact is a cpu EP form (its kernels are CPU kernels)",
+                                  field=f"--extra_options {key}", value=compact_forms.COMPACT,
+                                  accepted=", ".join(v for v in EP_OVERRIDES[key] if v != compact_forms.COMPACT))
         why = ep.refused_forms.get(key, {}).get(options.extra.get(key))
         if why:
             raise ConversionError(f"{key}={options.extra[key]} is not readable on {ep.name}: {why}",
@@ -275,7 +330,7 @@ def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precis
     t0 = time.perf_counter()
     output = Path(output)
     target = resolve_output(Path(source), output, overwrite)
-    plan, ckpt = plan_model(source, ep_name, precision, options)
+    plan, ckpt = plan_model(source, ep_name, precision, options, build_library=True, log=log)
     for message in plan.warnings:
         warn(message)
     log(f"[1/3] planned {len(plan.linears)} linears of {plan.hp.architecture} for {plan.ep.name} "

@@ -41,6 +41,8 @@ def _choices_of(module_attr: tuple[str, str]):
 
 
 def _path(key: str, text: str):
+    if text == "none":  # custom_ops_library=none: no library, the dense fp32 CPU forms (builder/compact_forms.py)
+        return text
     if not text:
         raise ConversionError("needs a path", field=f"--extra_options {key}", value=text)
     return text  # loadability is checked where the library is bundled
@@ -126,7 +128,11 @@ OPTIONS: dict[str, Option] = {
     "embedding": Option(choice("float", "bf16"), None,
                         "token embedding storage: float (io dtype) | bf16 (checkpoint's bf16 bits, Gather + Cast, exact; "
                         "cpu)"),
-    "custom_ops_library": Option(_path, None, "custom-op shared library, copied into the output folder"),
+    "prefill_logits": Option(choice("all", "last"), None,
+                             "logits a prompt run returns: all (every position) | last (each sequence's last token "
+                             "only: the lm_head runs once per sequence; onnxruntime-genai reads it)"),
+    "custom_ops_library": Option(_path, None, "custom-op shared library, copied into the output folder (cpu default: found or built by the "
+                                 "converter; none: no library and the dense fp32 forms)"),
 }
 
 

@@ -103,7 +103,7 @@ def test_same_bits_on_every_instruction_set_and_every_row_count(ort_ops_library,
 def test_bf16_lm_head_model(ort_ops_library, tmp_path):
     export = EXAMPLE
     reference = np.load(export / "reference.npz")
-    plain = build(export, tmp_path / "float", "cpu", "fp32", accuracy_level=1)
+    plain = build(export, tmp_path / "float", "cpu", "fp32", accuracy_level=1, lm_head="float")
     out = build(export, tmp_path / "bf16", "cpu", "fp32", accuracy_level=1, lm_head="bf16",
                 custom_ops_library=ort_ops_library)
     assert op_types(out).get("MatMulBf16") == 1 and op_types(out).get("Gemm", 0) == 0
@@ -177,7 +177,7 @@ def _initializer_users(model_dir: Path) -> dict[str, list[str]]:
 
 def test_bf16_embedding_and_tied_lm_head_share_one_table(ort_ops_library, tmp_path):
     src = _tied_example(tmp_path)
-    plain = build(src, tmp_path / "float", "cpu", "fp32", accuracy_level=1)
+    plain = build(src, tmp_path / "float", "cpu", "fp32", accuracy_level=1, lm_head="float", embedding="float")
     out = build(src, tmp_path / "bf16", "cpu", "fp32", accuracy_level=1, lm_head="bf16", embedding="bf16",
                 custom_ops_library=ort_ops_library)
     # float: the tied lm_head is the embedding's own fp32 initializer (Gather + Gemm); bf16: one bf16 table for both

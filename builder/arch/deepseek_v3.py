@@ -300,7 +300,7 @@ def build_graph(ctx, hp: DeepseekHyper, plans: dict, attention: MlaPlan) -> None
         norm_w = "model.norm.weight" if last else f"model.layers.{i + 1}.input_layernorm.weight"
         norm_name = "/model/norm/SkipLayerNorm" if last else f"/model/layers.{i + 1}/input_layernorm/SkipLayerNorm"
         x, residual = skip_rms_norm(ctx, mlp_out, residual, norm_w, hp.rms_norm_eps, norm_name)
-    llama.logits_output(ctx, hp, emit_linear(ctx, plans["lm_head"], x))
+    llama.logits_output(ctx, hp, emit_linear(ctx, plans["lm_head"], llama.lm_head_input(ctx, x)))
 
 
 def moe_block(ctx, i: int, x: str, plans: dict, hp: DeepseekHyper) -> str:
