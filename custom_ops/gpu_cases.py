@@ -259,6 +259,29 @@ def one_hot_case(op: str, io: str, rows: int = 8, n: int = 67, k: int = 64, seed
 
 # ---------------- running one case ----------------
 
+_P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+# argtypes of every kernel entry point (qo_kernels.h), by name: A, weights..., Y, M, N, K, stream.
+SIGNATURES = {
+    "qo_gpu_matmul_mxfp4": [_P, _P, _P, _P, _I64, _I64, _I64, _P],
+    "qo_gpu_matmul_fp8_w8a8": [_P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _P],
+    "qo_gpu_matmul_fp8_w8a8_dyn": [_P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _P],
+    "qo_gpu_matmul_fp8": [_P, _P, _P, _I64, _P, _I64, _I64, _I64, _P],
+    "qo_gpu_matmul_int8": [_P, _P, _P, _I64, _P, _I64, _I64, _I64, _P],
+    "qo_gpu_matmul_nvfp4": [_P, _P, _P, _F32, _P, _I64, _I64, _I64, _P],
+    "qo_gpu_matmul_bf16": [_P, _P, _P, _I64, _I64, _I64, _P],
+}
+
+
+def declare_kernels(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Sets argtypes/restype of every qo_gpu_* kernel entry point of a loaded library."""
+    for name, argtypes in SIGNATURES.items():
+        for suffix in ("_f32", "_f16"):
+            fn = getattr(lib, name + suffix)
+            fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    lib.qo_gpu_backend.restype = ctypes.c_char_p
+    return lib
+
+
 class HostMemory:
     """HIP-CPU: device pointers are host pointers; keeps the arrays alive until free_all()."""
 

@@ -111,18 +111,23 @@ def library_path(warp_size: int) -> Path:
 
 def compile_command(compiler: str, hip_cpu_root: Path, warp_size: int, output: Path) -> list[str]:
     # No -DNDEBUG on purpose: HIP-CPU's __forceinline__ is then empty, the case qo_fp_formats.h must survive.
-    return [compiler, "-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-x", "c++", "-DQO_WITH_HIP",
+    return [compiler, "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-x", "c++", "-DQO_WITH_HIP",
             f"-DQO_HIP_CPU_WARP_SIZE={warp_size}", "-DYieldProcessor()=std::this_thread::yield()",
             "-Wno-attributes", "-I", str(hip_cpu_root / "include"), "-I", str(SOURCE_DIR),
             *(str(SOURCE_DIR / name) for name in SOURCES), "-o", str(output)]
 
 
-def _is_stale(path: Path) -> bool:
-    if not path.exists():
+def _is_stale(path: Path, command: list[str]) -> bool:
+    """Missing, older than a source, or built with another command (flags, compiler, HIP-CPU folder)."""
+    if not path.exists() or not _command_file(path).exists():
         return True
     built = path.stat().st_mtime
     return any((SOURCE_DIR / name).stat().st_mtime > built for name in SOURCES + HEADERS) or \
-        Path(__file__).stat().st_mtime > built
+        _command_file(path).read_text() != " ".join(command)
+
+
+def _command_file(path: Path) -> Path:
+    return path.with_name(path.name + ".command")
 
 
 def build(warp_sizes=WARP_SIZES, log=print) -> dict[int, Path]:
@@ -141,9 +146,9 @@ def build(warp_sizes=WARP_SIZES, log=print) -> dict[int, Path]:
         jobs = {}
         for warp_size in warp_sizes:
             out = library_path(warp_size)
-            if _is_stale(out):
-                partial = out.with_suffix(".so.partial")
-                command = compile_command(compiler, root, warp_size, partial)
+            partial = out.with_suffix(".so.partial")
+            command = compile_command(compiler, root, warp_size, partial)
+            if _is_stale(out, command):
                 jobs[warp_size] = (subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                                     text=True), command, partial, out)
         for warp_size, (process, command, partial, out) in jobs.items():
@@ -152,33 +157,19 @@ def build(warp_sizes=WARP_SIZES, log=print) -> dict[int, Path]:
                 raise BuildFailed(f"HIP-CPU build failed ({process.returncode}): {' '.join(command)}\n"
                                   f"{stderr[-4000:]}")
             partial.replace(out)
+            _command_file(out).write_text(" ".join(command))
             log(f"hip_cpu: built {out} (warp size {warp_size})")
     return {warp_size: library_path(warp_size) for warp_size in warp_sizes}
 
 
-_P, _I64, _F32, _U16 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_uint16
-# argtypes of every kernel entry point, by name (A, weights..., Y, M, N, K, stream).
-SIGNATURES = {
-    "qo_gpu_matmul_mxfp4": [_P, _P, _P, _P, _I64, _I64, _I64, _P],
-    "qo_gpu_matmul_fp8_w8a8": [_P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _P],
-    "qo_gpu_matmul_fp8_w8a8_dyn": [_P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _P],
-    "qo_gpu_matmul_fp8": [_P, _P, _P, _I64, _P, _I64, _I64, _I64, _P],
-    "qo_gpu_matmul_int8": [_P, _P, _P, _I64, _P, _I64, _I64, _I64, _P],
-    "qo_gpu_matmul_nvfp4": [_P, _P, _P, _F32, _P, _I64, _I64, _I64, _P],
-    "qo_gpu_matmul_bf16": [_P, _P, _P, _I64, _I64, _I64, _P],
-}
-
-
 def load(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
-    for name, argtypes in SIGNATURES.items():
-        for suffix in ("_f32", "_f16"):
-            fn = getattr(lib, name + suffix)
-            fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    """The HIP-CPU library with the kernels' and the shim's argtypes set."""
+    from .gpu_cases import declare_kernels
+
+    lib = declare_kernels(ctypes.CDLL(str(path)))
     lib.qo_hip_cpu_warp_size.restype = ctypes.c_int
     lib.qo_hip_cpu_synchronize.restype = ctypes.c_int
-    lib.qo_hip_cpu_f16_to_f32.argtypes, lib.qo_hip_cpu_f16_to_f32.restype = [_U16], _F32
-    lib.qo_gpu_backend.restype = ctypes.c_char_p
+    lib.qo_hip_cpu_f16_to_f32.argtypes, lib.qo_hip_cpu_f16_to_f32.restype = [ctypes.c_uint16], ctypes.c_float
     return lib
 
 

@@ -13,7 +13,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "custom_ops" / "src"
 GPU_SOURCE = SRC / "qo_gpu_kernels.cu"
 EXPORTED = ("qo_gpu_matmul_mxfp4_f32", "qo_gpu_matmul_mxfp4_f16", "qo_gpu_matmul_fp8_w8a8_f32",
-            "qo_gpu_matmul_fp8_w8a8_dyn_f16", "qo_gpu_backend")
+            "qo_gpu_matmul_fp8_w8a8_dyn_f16", "qo_gpu_matmul_fp8_f16", "qo_gpu_matmul_int8_f32",
+            "qo_gpu_matmul_nvfp4_f16", "qo_gpu_matmul_bf16_f32", "qo_gpu_backend")
 
 
 def _nvcc() -> str | None:

@@ -68,8 +68,6 @@ def test_kernel_matches_float64_reference(libraries, warp_size, op, io):
     results = [gc.run_case(lib, _memory(lib), case) for case in gc.cases([op]) if case.io == io]
     failed = [r for r in results if not r["pass"]]
     assert not failed, f"warp {warp_size}: {failed}"
-    if io == "f32":  # the figure custom_ops/README.md states, asserted with ~2.5x headroom by SUM_RTOL
-        assert max(r["max_error_over_sum_abs"] for r in results) <= 4e-7
 
 
 @pytest.mark.parametrize("io", ["f32", "f16"])
