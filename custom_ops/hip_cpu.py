@@ -93,7 +93,10 @@ def unpack(tarball: Path) -> Path:
         for member in archive.getmembers():
             if member.name.startswith("/") or ".." in Path(member.name).parts or member.issym() or member.islnk():
                 raise Unavailable(f"{tarball}: unexpected member {member.name!r}")
-        archive.extractall(staging)
+        try:
+            archive.extractall(staging, filter="data")
+        except TypeError:  # Python without extraction filters; the members were checked above
+            archive.extractall(staging)
     constants = staging / "include" / "hip" / "hip_constants.h"
     text = constants.read_text()
     if text.count(WARP_SIZE_LINE) != 1:
