@@ -1,13 +1,15 @@
-"""One-shot GPU check: build the CUDA kernels, run each against the numpy reference (custom_ops/reference.py) on
-every shape, time them, and time a dequantize-then-GEMM baseline in PyTorch on the same GPU; print and write one
-JSON report. Needs a CUDA GPU, nvcc, numpy and ml_dtypes; PyTorch with CUDA for the baseline (skipped, and said so
-in the report, without it). No ORT, no network.
+"""One-shot GPU check: build the GPU kernels for the GPU present (nvcc on NVIDIA, hipcc on AMD), run every case of
+custom_ops/gpu_cases.py on it (the cases CI runs through HIP-CPU, against the same float64 numpy answers), time each
+kernel on 4096 x 4096 weights against the bytes of weight it streams (GB/s, beside a device-to-device memcpy's
+GB/s), and write one JSON report. Needs numpy and ml_dtypes; no ORT, no torch, no network.
 
-    python custom_ops/gpu_check.py [--out report.json] [--arch 90] [--quick]
-    python custom_ops/gpu_check.py --dry-run     # no GPU needed: nvcc build + the torch baselines on the CPU
+    python custom_ops/gpu_check.py [--out report.json] [--backend auto|cuda|hip] [--arch 90|gfx942] [--quick]
+    python custom_ops/gpu_check.py --self-test    # no GPU: the same code path on the HIP-CPU build (CI runs it)
+    python custom_ops/gpu_check.py --build-only   # no GPU: compile for an explicit arch (nvcc sm_90 / hipcc gfx90a)
 
-Exit code 0 when every case matches the reference, 1 when one does not, 2 when the check could not run.
-Sized for about 5 minutes on one H200 (nvcc build ~1 min; the float64 references dominate the rest).
+Exit code 0 when every case matches, 1 when one does not, 2 when the check could not run.
+Sized for well under 10 minutes on one GPU: the build (~1 min for nvcc, two archs) and the float64 references of
+the timed shapes dominate.
 """
 
 from __future__ import annotations
@@ -30,372 +32,312 @@ sys.path.insert(0, str(PACKAGE_DIR.parent))
 
 import numpy as np  # noqa: E402
 
+from custom_ops import gpu_cases as gc  # noqa: E402
+from custom_ops import hip_cpu  # noqa: E402
+
 SRC = PACKAGE_DIR / "src"
-BUILD_DIR = PACKAGE_DIR / "build" / "cuda"
-H2D, D2H = 1, 2  # cudaMemcpyKind
+BUILD_DIR = PACKAGE_DIR / "build" / "gpu"
+H2D, D2H, D2D = 1, 2, 3  # cudaMemcpyKind == hipMemcpyKind
+TIMED_SHAPES = [(1, 4096, 4096), (8, 4096, 4096), (128, 4096, 4096)]
+SELF_TEST_TIMED_SHAPES = [(1, 64, 256)]
 
 
 # ---------------- build ----------------
 
-def find_nvcc() -> str | None:
-    for candidate in (shutil.which("nvcc"), os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")):
-        if candidate and os.path.exists(candidate):
-            return candidate
-    return None
+def find_tool(name: str, env_home: str, default_home: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidate = os.path.join(os.environ.get(env_home, default_home), "bin", name)
+    return candidate if os.path.exists(candidate) else None
 
 
-def build_library(nvcc: str, arch: str | None) -> tuple[Path, list[str]]:
-    """nvcc straight to a shared library (CUDA kernels + ABI version), linked against the shared cudart so that
-    this script's ctypes cudart is the same runtime. Tries -arch=native, then explicit sm_80/sm_90."""
-    BUILD_DIR.mkdir(parents=True, exist_ok=True)
-    out = BUILD_DIR / "libquark_onnx_ops_cuda.so"
-    base = [nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-cudart", "shared", "-DQO_WITH_CUDA",
-            "-I", str(SRC), str(SRC / "qo_gpu_kernels.cu"), str(SRC / "qo_version.c"), "-o", str(out)]
-    arch_options = [[f"-gencode=arch=compute_{arch},code=sm_{arch}"]] if arch else [
-        ["-arch=native"], ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90"]]
+def _compile(attempts: list[list[str]], env=None) -> list[str]:
     errors = []
-    for flags in arch_options:
-        command = base[:1] + flags + base[1:]
-        result = subprocess.run(command, capture_output=True, text=True)
+    for command in attempts:
+        result = subprocess.run(command, capture_output=True, text=True, env=env)
         if result.returncode == 0:
-            return out, command
+            return command
         errors.append(f"{' '.join(command)}\n{result.stderr[-3000:]}")
-    raise RuntimeError("nvcc build failed:\n" + "\n".join(errors))
+    raise RuntimeError("GPU build failed:\n" + "\n".join(errors))
 
 
-def load_cudart() -> ctypes.CDLL:
-    names = ["libcudart.so"] + sorted(glob.glob("/usr/local/cuda*/lib64/libcudart.so*")) + sorted(
-        glob.glob("/usr/local/cuda*/targets/*/lib/libcudart.so*"))
-    cuda_home = os.environ.get("CUDA_HOME")
-    if cuda_home:
-        names = sorted(glob.glob(os.path.join(cuda_home, "lib64", "libcudart.so*"))) + names
+def build_cuda(nvcc: str, arch: str | None) -> tuple[Path, list[str]]:
+    """nvcc straight to a shared library linked against the shared cudart (the one this script loads)."""
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    out = BUILD_DIR / "libqo_gpu_kernels_cuda.so"
+    base = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-cudart", "shared", "-DQO_WITH_CUDA", "-I",
+            str(SRC), str(SRC / "qo_gpu_kernels.cu"), str(SRC / "qo_version.c"), "-o", str(out)]
+    archs = [[f"-gencode=arch=compute_{arch},code=sm_{arch}"]] if arch else [
+        ["-arch=native"], ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90"]]
+    return out, _compile([[nvcc, *flags, *base] for flags in archs])
+
+
+def amd_gpu_archs() -> list[str]:
+    for tool in ("amdgpu-arch", "rocm_agent_enumerator"):
+        path = find_tool(tool, "ROCM_PATH", "/opt/rocm")
+        if path:
+            result = subprocess.run([path], capture_output=True, text=True)
+            archs = sorted({a for a in result.stdout.split() if a.startswith("gfx") and a != "gfx000"})
+            if archs:
+                return archs
+    return []
+
+
+def build_hip(hipcc: str, arch: str | None) -> tuple[Path, list[str]]:
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    out = BUILD_DIR / "libqo_gpu_kernels_hip.so"
+    archs = [arch] if arch else (amd_gpu_archs() or ["native"])
+    command = [hipcc, "-O3", "-std=c++17", "-shared", "-fPIC", "-DQO_WITH_HIP", "-I", str(SRC),
+               *(f"--offload-arch={a}" for a in archs), str(SRC / "qo_version.c"), "-x", "hip",
+               str(SRC / "qo_gpu_kernels.cu"), "-o", str(out)]
+    # HIP_PLATFORM=amd: hipcc hands .cu files to nvcc when a CUDA toolkit is installed.
+    return out, _compile([command], env={**os.environ, "HIP_PLATFORM": "amd"})
+
+
+# ---------------- device runtimes (CUDA and HIP share the call shapes) ----------------
+
+def load_runtime_library(backend: str) -> ctypes.CDLL:
+    if backend == "cuda":
+        names = ["libcudart.so"] + sorted(glob.glob(os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"),
+                                                                 "lib64", "libcudart.so*")))
+        names += sorted(glob.glob("/usr/local/cuda*/lib64/libcudart.so*"))
+    else:
+        names = ["libamdhip64.so", os.path.join(os.environ.get("ROCM_PATH", "/opt/rocm"), "lib", "libamdhip64.so")]
     for name in names:
         try:
             return ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
         except OSError:
             continue
-    raise RuntimeError(f"libcudart not found (tried {names[:6]}...)")
+    raise RuntimeError(f"{backend} runtime library not found (tried {names[:4]})")
 
 
-class Cuda:
-    def __init__(self, cudart: ctypes.CDLL):
-        self.rt = cudart
-        cudart.cudaGetErrorString.restype = ctypes.c_char_p
-        cudart.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-        cudart.cudaFree.argtypes = [ctypes.c_void_p]
-        cudart.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        cudart.cudaEventCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        cudart.cudaEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        cudart.cudaEventSynchronize.argtypes = [ctypes.c_void_p]
-        cudart.cudaEventElapsedTime.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p]
-        cudart.cudaDeviceGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+class GpuRuntime:
+    """Device memory and events through libcudart / libamdhip64; implements gpu_cases' Memory."""
+
+    def __init__(self, library: ctypes.CDLL, prefix: str):
+        self.rt, self.prefix = library, prefix
+        p = ctypes.c_void_p
+        self._fn("GetErrorString").restype = ctypes.c_char_p
+        self._fn("Malloc").argtypes = [ctypes.POINTER(p), ctypes.c_size_t]
+        self._fn("Free").argtypes = [p]
+        self._fn("Memcpy").argtypes = [p, p, ctypes.c_size_t, ctypes.c_int]
+        self._fn("EventCreate").argtypes = [ctypes.POINTER(p)]
+        self._fn("EventRecord").argtypes = [p, p]
+        self._fn("EventSynchronize").argtypes = [p]
+        self._fn("EventElapsedTime").argtypes = [ctypes.POINTER(ctypes.c_float), p, p]
         self.allocations: list[int] = []
+
+    def _fn(self, name: str):
+        return getattr(self.rt, self.prefix + name)
 
     def check(self, code: int, what: str) -> None:
         if code != 0:
-            raise RuntimeError(f"{what}: CUDA error {code} {self.rt.cudaGetErrorString(code).decode()}")
+            raise RuntimeError(f"{what}: {self.prefix} error {code} {self._fn('GetErrorString')(code).decode()}")
+
+    def device_count(self) -> int:
+        count = ctypes.c_int(0)
+        return count.value if self._fn("GetDeviceCount")(ctypes.byref(count)) == 0 else 0
 
     def device_info(self) -> dict:
-        info = {}
-        for key, attr in (("cc_major", 75), ("cc_minor", 76), ("sm_count", 16)):
-            value = ctypes.c_int()
-            self.check(self.rt.cudaDeviceGetAttribute(ctypes.byref(value), attr, 0), "cudaDeviceGetAttribute")
-            info[key] = value.value
-        runtime, driver = ctypes.c_int(), ctypes.c_int()
-        self.rt.cudaRuntimeGetVersion(ctypes.byref(runtime))
-        self.rt.cudaDriverGetVersion(ctypes.byref(driver))
-        info.update(runtime_version=runtime.value, driver_version=driver.value)
+        info = {"backend": self.prefix}
+        if self.prefix == "cuda":
+            for key, attr in (("cc_major", 75), ("cc_minor", 76), ("sm_count", 16)):
+                value = ctypes.c_int()
+                if self.rt.cudaDeviceGetAttribute(ctypes.byref(value), attr, 0) == 0:
+                    info[key] = value.value
+        else:
+            info["archs"] = amd_gpu_archs()
+        runtime = ctypes.c_int()
+        if self._fn("RuntimeGetVersion")(ctypes.byref(runtime)) == 0:
+            info["runtime_version"] = runtime.value
         return info
 
     def upload(self, array: np.ndarray) -> int:
         array = np.ascontiguousarray(array)
         pointer = ctypes.c_void_p()
-        self.check(self.rt.cudaMalloc(ctypes.byref(pointer), max(array.nbytes, 1)), "cudaMalloc")
+        self.check(self._fn("Malloc")(ctypes.byref(pointer), max(array.nbytes, 1)), "Malloc")
         self.allocations.append(pointer.value)
         if array.nbytes:
-            self.check(self.rt.cudaMemcpy(pointer, array.ctypes.data, array.nbytes, H2D), "cudaMemcpy H2D")
+            self.check(self._fn("Memcpy")(pointer, array.ctypes.data, array.nbytes, H2D), "Memcpy H2D")
         return pointer.value
 
     def empty(self, nbytes: int) -> int:
-        return self.upload(np.zeros(nbytes, dtype=np.uint8))
+        return self.upload(np.full(max(nbytes, 1), 0xFF, dtype=np.uint8))  # NaN-poisoned
+
+    def synchronize(self) -> None:
+        self.check(self._fn("DeviceSynchronize")(), "kernel execution")
 
     def download(self, pointer: int, like: np.ndarray) -> np.ndarray:
-        self.check(self.rt.cudaDeviceSynchronize(), "kernel execution")
+        self.synchronize()
         out = np.empty_like(like)
-        self.check(self.rt.cudaMemcpy(out.ctypes.data, ctypes.c_void_p(pointer), out.nbytes, D2H), "cudaMemcpy D2H")
+        self.check(self._fn("Memcpy")(out.ctypes.data, ctypes.c_void_p(pointer), out.nbytes, D2H), "Memcpy D2H")
         return out
 
     def free_all(self) -> None:
         for pointer in self.allocations:
-            self.rt.cudaFree(ctypes.c_void_p(pointer))
+            self._fn("Free")(ctypes.c_void_p(pointer))
         self.allocations.clear()
 
-    def time_ms(self, launch, warmup: int, iterations: int) -> float:
+    def time_ms(self, launch, warmup: int = 3, iterations: int = 20) -> float:
         for _ in range(warmup):
             launch()
         start, stop = ctypes.c_void_p(), ctypes.c_void_p()
-        self.check(self.rt.cudaEventCreate(ctypes.byref(start)), "cudaEventCreate")
-        self.check(self.rt.cudaEventCreate(ctypes.byref(stop)), "cudaEventCreate")
-        self.check(self.rt.cudaEventRecord(start, None), "cudaEventRecord")
+        self.check(self._fn("EventCreate")(ctypes.byref(start)), "EventCreate")
+        self.check(self._fn("EventCreate")(ctypes.byref(stop)), "EventCreate")
+        self.check(self._fn("EventRecord")(start, None), "EventRecord")
         for _ in range(iterations):
             launch()
-        self.check(self.rt.cudaEventRecord(stop, None), "cudaEventRecord")
-        self.check(self.rt.cudaEventSynchronize(stop), "cudaEventSynchronize")
+        self.check(self._fn("EventRecord")(stop, None), "EventRecord")
+        self.check(self._fn("EventSynchronize")(stop), "EventSynchronize")
         elapsed = ctypes.c_float()
-        self.check(self.rt.cudaEventElapsedTime(ctypes.byref(elapsed), start, stop), "cudaEventElapsedTime")
+        self.check(self._fn("EventElapsedTime")(ctypes.byref(elapsed), start, stop), "EventElapsedTime")
         return elapsed.value / iterations
 
-
-# ---------------- cases ----------------
-
-def compare(y: np.ndarray, expected: np.ndarray, bound: np.ndarray, fp16_rel: float = 1e-3,
-            bound_rel: float = 1e-5) -> dict:
-    """Same rule as tests/test_custom_ops.py: NaN positions equal, error <= 1e-5 |A||W| (+1e-3 |ref| for fp16)."""
-    y64 = y.astype(np.float64)
-    nan_match = bool(np.array_equal(np.isnan(y64), np.isnan(expected)))
-    ok = ~np.isnan(expected)
-    if y.dtype == np.float16:
-        overflow = ok & (np.abs(expected) >= 65520)
-        ok &= ~overflow
-    tolerance = bound_rel * bound[ok] + 1e-30 + (fp16_rel * np.abs(expected[ok]) if y.dtype == np.float16 else 0)
-    error = np.abs(y64[ok] - expected[ok])
-    worst = float(np.max(error / tolerance)) if error.size else 0.0
-    return {"pass": nan_match and worst <= 1.0, "nan_positions_match": nan_match, "worst_error_over_tolerance": worst,
-            "max_abs_error": float(error.max()) if error.size else 0.0}
+    def copy_GBps(self, nbytes: int = 256 << 20) -> float:
+        """Device-to-device memcpy: bytes read + written per second, the plain memory figure beside the kernels'."""
+        src, dst = self.empty(nbytes), self.empty(nbytes)
+        copy = lambda: self._fn("Memcpy")(ctypes.c_void_p(dst), ctypes.c_void_p(src), nbytes, D2D)  # noqa: E731
+        ms = self.time_ms(copy, warmup=2, iterations=10)
+        self.free_all()
+        return 2 * nbytes / ms / 1e6
 
 
-def run_case(cuda: Cuda, lib: ctypes.CDLL, op: str, dtype, m: int, n: int, k: int, per_channel: bool,
-             timing: bool) -> dict:
-    from custom_ops import reference as ref
-    import ml_dtypes
+class HipCpuRuntime(gc.HostMemory):
+    """--self-test: the HIP-CPU build; wall-clock timing (CPU figures, meaningless for a GPU)."""
 
-    rng = np.random.default_rng(m * 7919 + n * 31 + k)
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    case = {"op": op, "dtype": np.dtype(dtype).name, "M": m, "N": n, "K": k}
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    if op == "mxfp4":
-        b, scale = ref.random_mxfp4_weight(rng, n, k, scale_exponent_range=(118, 130))
-        scale[n - 1, 0] = 255  # NaN block: last column must be NaN
-        a = a.astype(dtype)
-        weight = ref.dequantize_mxfp4(b, scale)
-        a_used = a.astype(np.float64)
-        args_host = [b, scale]
-        torch_host = {"B": b, "B_scale": scale}
-        if lib is not None:
-            fn = getattr(lib, "qo_gpu_matmul_mxfp4_" + ("f32" if dtype == np.float32 else "f16"))
-            fn.argtypes = [p, p, p, p, i64, i64, i64, p]
-        weight_bytes = b.nbytes + scale.nbytes
-    else:
-        a = (a * 50).astype(dtype)
-        b = (rng.standard_normal((n, k)) * 40).astype(ml_dtypes.float8_e4m3fn)
-        b_scale = (rng.random(n).astype(np.float32) + 0.05) if per_channel else np.array([0.03], np.float32)
-        case["per_channel"] = per_channel
-        dynamic = op == "fp8_dyn"
-        a_scale = None if dynamic else np.float32(0.37)
-        a_used = ref.quantize_dequantize_e4m3fn(a, ref.dynamic_row_scale(a) if dynamic else a_scale).astype(np.float64)
-        weight = ref.dequantize_fp8_weight(b, b_scale)
-        suffix = "f32" if dtype == np.float32 else "f16"
-        if lib is not None:
-            fn = getattr(lib, ("qo_gpu_matmul_fp8_w8a8_dyn_" if dynamic else "qo_gpu_matmul_fp8_w8a8_") + suffix)
-            fn.argtypes = [p, p, p, i64, p, p, i64, i64, i64, p]
-        args_host = [b.view(np.uint8), b_scale, None if dynamic else np.array([a_scale], np.float32)]
-        torch_host = {"B": b, "B_scale": b_scale, "A_scale": a_scale}
-        weight_bytes = b.nbytes + b_scale.nbytes
-    with np.errstate(invalid="ignore", over="ignore"):
-        expected = a_used @ weight.T
-        bound = np.abs(np.nan_to_num(a_used)) @ np.abs(np.nan_to_num(weight)).T
-    if cuda is None:  # --dry-run: only the torch baseline, on the CPU
-        case.update(baseline_case(op, dtype, a, torch_host, expected, bound, "cpu", False))
-        return case
+    def time_ms(self, launch, warmup: int = 1, iterations: int = 3) -> float:
+        for _ in range(warmup):
+            launch()
+        self.synchronize()
+        start = time.perf_counter()
+        for _ in range(iterations):
+            launch()
+        self.synchronize()
+        return (time.perf_counter() - start) * 1e3 / iterations
 
-    d_a = cuda.upload(a)
-    y_like = np.empty((m, n), dtype=dtype)
-    d_y = cuda.empty(y_like.nbytes)
-    if op == "mxfp4":
-        d_b, d_s = cuda.upload(args_host[0]), cuda.upload(args_host[1])
-        launch = lambda: fn(d_a, d_b, d_s, d_y, m, n, k, None)  # noqa: E731
-    else:
-        d_b, d_bs = cuda.upload(args_host[0]), cuda.upload(args_host[1])
-        count = args_host[1].size
-        if op == "fp8_dyn":
-            d_ws = cuda.empty(4 * m)
-            launch = lambda: fn(d_a, d_b, d_bs, count, d_ws, d_y, m, n, k, None)  # noqa: E731
-        else:
-            d_as = cuda.upload(args_host[2])
-            launch = lambda: fn(d_a, d_b, d_bs, count, d_as, d_y, m, n, k, None)  # noqa: E731
-    status = launch()
-    if status != 0:
-        case.update({"pass": False, "error": f"launcher returned status {status}"})
-        return case
-    y = cuda.download(d_y, y_like)
-    case.update(compare(y, expected, bound))
-    if timing:
-        ms = cuda.time_ms(launch, warmup=3, iterations=20)
-        case.update({"ms": ms, "weight_GBps": weight_bytes / ms / 1e6, "TFLOPS": 2.0 * m * n * k / ms / 1e9})
-        case.update(baseline_case(op, dtype, a, torch_host, expected, bound, "cuda", True))
-        if "torch_dequant_gemm_ms" in case:
-            case["speedup_vs_torch_dequant_gemm"] = case["torch_dequant_gemm_ms"] / ms
-    return case
+    def copy_GBps(self, nbytes: int = 64 << 20) -> float:
+        src = np.ones(nbytes, np.uint8)
+        start = time.perf_counter()
+        dst = src.copy()
+        return 2 * dst.nbytes / (time.perf_counter() - start) / 1e9
 
 
-# ---------------- PyTorch baseline: dequantize the weight, then one GEMM (a framework without the kernel) ----
+# ---------------- the run ----------------
 
-def torch_baseline(op: str, dtype, a: np.ndarray, host: dict, device: str):
-    """(launch, y_of_launch) computing op's result with torch: decode W to A's dtype on `device`, then a @ W.T.
-    Activation quantization (fp8 ops) is done in torch too. Raises ImportError without torch."""
-    import torch
-
-    tdtype = torch.float32 if dtype == np.float32 else torch.float16
-    ta = torch.from_numpy(np.ascontiguousarray(a)).to(device)
-    if op == "mxfp4":
-        codes = torch.from_numpy(host["B"]).to(device)
-        scales = torch.from_numpy(host["B_scale"]).to(device)
-        lut = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float32,
-                           device=device)
-
-        def weight():
-            nibbles = torch.stack([codes & 15, codes >> 4], dim=-1).reshape(codes.shape[0], -1).long()
-            s = torch.where(scales == 255, torch.nan, torch.exp2(scales.float() - 127))
-            return (lut[nibbles] * s.repeat_interleave(32, dim=1)).to(tdtype)
-
-        def launch():
-            return ta @ weight().T
-    else:
-        b = torch.from_numpy(host["B"].view(np.uint8)).to(device).view(torch.float8_e4m3fn)
-        b_scale = torch.from_numpy(np.asarray(host["B_scale"], np.float32).reshape(-1, 1)).to(device)
-
-        def launch():
-            a32 = ta.float()
-            if op == "fp8_dyn":
-                s = torch.clamp(a32.abs().amax(dim=-1, keepdim=True) / 448, min=1e-12)
-            else:
-                s = torch.tensor(float(host["A_scale"]), device=device)
-            a_q = (torch.clamp(a32 / s, -448, 448).to(torch.float8_e4m3fn).float() * s).to(tdtype)
-            return a_q @ (b.float() * b_scale).to(tdtype).T
-    return launch
+def timed_case(lib, runtime, case: gc.Case) -> dict:
+    inputs = gc.make_inputs(case)
+    result = gc.run_case(lib, runtime, case, inputs)
+    if result.get("pass"):
+        launch, _, _ = gc.prepare(lib, runtime, case, inputs)
+        ms = runtime.time_ms(launch)
+        runtime.free_all()
+        result.update(ms=ms, weight_GBps=inputs.weight_bytes / ms / 1e6, weight_bytes=inputs.weight_bytes,
+                      TFLOPS=2.0 * case.M * case.N * case.K / ms / 1e9)
+    return result
 
 
-def time_torch_ms(launch, warmup: int, iterations: int) -> float:
-    import torch
-    for _ in range(warmup):
-        launch()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iterations):
-        launch()
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop) / iterations
+def run_all(lib, runtime, timed_shapes, log=print) -> dict:
+    report = {"cases": [], "timed": []}
+    all_pass = True
+    for case in gc.cases():
+        try:
+            result = gc.run_case(lib, runtime, case)
+        except Exception as error:  # one broken case must not hide the others
+            result = {"case": case.name, "pass": False, "error": f"{type(error).__name__}: {error}"}
+        all_pass &= bool(result.get("pass"))
+        report["cases"].append(result)
+        log(f"{'PASS' if result.get('pass') else 'FAIL'} {case.name:44s} "
+            f"err/sum|AW|={result.get('max_error_over_sum_abs', float('nan')):.2e} {result.get('error', '')}")
+    report["copy_GBps"] = runtime.copy_GBps()
+    for op in gc.OPS:
+        for m, n, k in timed_shapes:
+            case = gc.Case(op, "f16", m, n, k, per_channel=True, special=False)
+            try:
+                result = timed_case(lib, runtime, case)
+            except Exception as error:
+                result = {"case": case.name, "pass": False, "error": f"{type(error).__name__}: {error}"}
+            all_pass &= bool(result.get("pass"))
+            report["timed"].append(result)
+            log(f"{'PASS' if result.get('pass') else 'FAIL'} {case.name:44s} " + (
+                f"{result['ms']:.4f} ms {result['weight_GBps']:.1f} GB/s of weight" if "ms" in result else
+                result.get("error", "")))
+    report["all_pass"] = all_pass
+    report["max_error_over_sum_abs_f32"] = {
+        op: max(r.get("max_error_over_sum_abs", 0.0) for r in report["cases"]
+                if r["case"].startswith(op + "-f32")) for op in gc.OPS}
+    return report
 
 
-def baseline_case(op: str, dtype, a: np.ndarray, host: dict, expected, bound, device: str, timing: bool) -> dict:
-    """The torch baseline's agreement with the reference and, on CUDA, its time per call."""
-    try:
-        launch = torch_baseline(op, dtype, a, host, device)
-    except ImportError:
-        return {"torch_baseline": "skipped: torch not importable"}
-    y = launch().float().cpu().numpy().astype(dtype)
-    # fp16: torch rounds the decoded weight and the quantized activation to fp16 before its GEMM (2^-11 each)
-    check = compare(y, expected, bound, fp16_rel=2e-3, bound_rel=1.5e-3 if dtype == np.float16 else 1e-5)
-    out = {"torch_pass": check["pass"], "torch_worst_error_over_tolerance": check["worst_error_over_tolerance"]}
-    if timing and device == "cuda":
-        out["torch_dequant_gemm_ms"] = time_torch_ms(launch, warmup=3, iterations=20)
-    return out
+def pick_backend(requested: str) -> tuple[str, str]:
+    """(backend, compiler) for the GPU present."""
+    nvcc, hipcc = find_tool("nvcc", "CUDA_HOME", "/usr/local/cuda"), find_tool("hipcc", "ROCM_PATH", "/opt/rocm")
+    for backend, compiler in (("cuda", nvcc), ("hip", hipcc)):
+        if requested not in ("auto", backend) or compiler is None:
+            continue
+        try:
+            if GpuRuntime(load_runtime_library(backend), backend).device_count() > 0:
+                return backend, compiler
+        except (RuntimeError, AttributeError):
+            continue
+    raise RuntimeError(f"no usable GPU for backend {requested!r} (nvcc: {nvcc}, hipcc: {hipcc}, and a device the "
+                       "runtime library sees)")
 
 
-def cases(quick: bool):
-    shapes = [(1, 64, 64), (3, 100, 96), (8, 512, 1024), (33, 130, 256)]
-    timed = [(1, 4096, 4096), (8, 4096, 4096), (128, 4096, 4096)]
-    if quick:
-        timed = timed[:1]
-    for op in ("mxfp4", "fp8", "fp8_dyn"):
-        for dtype in (np.float32, np.float16):
-            for m, n, k in shapes:
-                yield op, dtype, m, n, k, (m % 2 == 1), False
-            for m, n, k in timed:
-                yield op, dtype, m, n, k, True, True
+def write_report(report: dict, out: str, exit_code: int) -> int:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(report, indent=2))
+    print(f"report: {out} ({'all pass' if exit_code == 0 else 'FAILURES' if exit_code == 1 else 'did not run'})")
+    return exit_code
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(PACKAGE_DIR / "build" / "gpu_check.json"))
-    parser.add_argument("--arch", help="SM number like 90 (default: -arch=native, then sm_80+sm_90)")
-    parser.add_argument("--quick", action="store_true", help="fewer timed shapes")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="no GPU: build with nvcc for sm_80/sm_90 and check the torch baselines on the CPU")
-    args = parser.parse_args()
-    if args.dry_run:
-        return dry_run(args)
-    report: dict = {"host": platform.node(), "python": sys.version.split()[0], "started": time.time(), "cases": []}
+    parser.add_argument("--backend", choices=("auto", "cuda", "hip"), default="auto")
+    parser.add_argument("--arch", help="nvcc SM number like 90, or an AMD target like gfx942 (default: the GPU's)")
+    parser.add_argument("--quick", action="store_true", help="only the M = 1 timed shape")
+    parser.add_argument("--self-test", action="store_true", help="no GPU: run on the HIP-CPU build")
+    parser.add_argument("--build-only", action="store_true", help="no GPU: compile for --arch (default sm_90)")
+    args = parser.parse_args(argv)
+    report: dict = {"host": platform.node(), "python": sys.version.split()[0], "started": time.time()}
     exit_code = 2
     try:
-        nvcc = find_nvcc()
-        if nvcc is None:
-            raise RuntimeError("nvcc not found (PATH or $CUDA_HOME/bin)")
-        report["nvcc"] = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        library, command = build_library(nvcc, args.arch)
-        report["build_command"] = " ".join(command)
-        cuda = Cuda(load_cudart())
-        report["device"] = cuda.device_info()
-        lib = ctypes.CDLL(str(library))
-        lib.qo_gpu_backend.restype = ctypes.c_char_p
-        report["backend"] = lib.qo_gpu_backend().decode()
-        all_pass = True
-        for op, dtype, m, n, k, per_channel, timing in cases(args.quick):
-            try:
-                case = run_case(cuda, lib, op, dtype, m, n, k, per_channel, timing)
-            except Exception as error:  # keep going: one broken case must not hide the others
-                case = {"op": op, "dtype": np.dtype(dtype).name, "M": m, "N": n, "K": k, "pass": False,
-                        "error": f"{type(error).__name__}: {error}"}
-            finally:
-                cuda.free_all()
-            all_pass &= bool(case.get("pass"))
-            report["cases"].append(case)
-            timing_text = f" {case['ms']:.4f} ms {case['weight_GBps']:.0f} GB/s" if "ms" in case else ""
-            print(f"{'PASS' if case.get('pass') else 'FAIL'} {op:8s} {case['dtype']:8s} M={m:<4d} N={n:<5d} K={k:<5d}"
-                  f" ratio={case.get('worst_error_over_tolerance', float('nan')):.3g}{timing_text}"
-                  f" {case.get('error', '')}", flush=True)
-        report["all_pass"] = all_pass
-        exit_code = 0 if all_pass else 1
+        if args.build_only:
+            compiler = find_tool("nvcc", "CUDA_HOME", "/usr/local/cuda")
+            if compiler and args.backend in ("auto", "cuda"):
+                _, command = build_cuda(compiler, args.arch or "90")
+            else:
+                hipcc = find_tool("hipcc", "ROCM_PATH", "/opt/rocm")
+                if hipcc is None:
+                    raise RuntimeError("neither nvcc nor hipcc found")
+                _, command = build_hip(hipcc, args.arch or "gfx90a")
+            report.update(build_command=" ".join(command), all_pass=True)
+            exit_code = 0
+        else:
+            if args.self_test:
+                library = hip_cpu.build(warp_sizes=(64,), log=lambda m: None)[64]
+                lib = hip_cpu.load(library)
+                runtime = HipCpuRuntime(lib.qo_hip_cpu_synchronize)
+                report.update(backend="hip-cpu", build_command=" ".join(hip_cpu.compile_command(
+                    hip_cpu.find_compiler(), hip_cpu.UNPACKED, 64, library)))
+                timed = SELF_TEST_TIMED_SHAPES
+            else:
+                backend, compiler = pick_backend(args.backend)
+                library, command = (build_cuda if backend == "cuda" else build_hip)(compiler, args.arch)
+                report["build_command"] = " ".join(command)
+                runtime = GpuRuntime(load_runtime_library(backend), backend)
+                report["device"] = runtime.device_info()
+                lib = gc.declare_kernels(ctypes.CDLL(str(library)))
+                timed = TIMED_SHAPES[:1] if args.quick else TIMED_SHAPES
+            report.update(run_all(lib, runtime, timed))
+            exit_code = 0 if report["all_pass"] else 1
     except Exception as error:
         report["fatal"] = f"{type(error).__name__}: {error}"
         report["traceback"] = traceback.format_exc()
         print(report["fatal"], file=sys.stderr)
     report["seconds"] = time.time() - report.pop("started")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(f"report: {args.out} ({'all pass' if exit_code == 0 else 'FAILURES' if exit_code == 1 else 'did not run'})")
-    return exit_code
-
-
-def dry_run(args) -> int:
-    """What can be checked without a GPU: the nvcc build (explicit archs) and the torch baselines against the
-    reference on the small shapes (CPU). Writes the same kind of report."""
-    report: dict = {"dry_run": True, "cases": []}
-    ok = True
-    nvcc = find_nvcc()
-    if nvcc:
-        try:
-            _, command = build_library(nvcc, args.arch or "90")
-            report["build_command"] = " ".join(command)
-        except RuntimeError as error:
-            report["build_error"] = str(error)[-2000:]
-            ok = False
-    else:
-        report["build"] = "skipped: nvcc not found"
-    for op, dtype, m, n, k, per_channel, timing in cases(quick=True):
-        if timing:
-            continue
-        case = run_case(None, None, op, dtype, m, n, k, per_channel, False)
-        ok &= bool(case.get("torch_pass", True))
-        report["cases"].append(case)
-        print(f"{'PASS' if case.get('torch_pass', True) else 'FAIL'} torch baseline {op:8s} {case['dtype']:8s} "
-              f"M={m:<4d} N={n:<5d} K={k:<5d} {case.get('torch_baseline', '')}", flush=True)
-    report["all_pass"] = ok
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(f"dry-run report: {args.out} ({'ok' if ok else 'FAILURES'})")
-    return 0 if ok else 1
+    return write_report(report, args.out, exit_code)
 
 
 if __name__ == "__main__":

@@ -30,11 +30,7 @@ constexpr uint32_t kOrtApiVersionParallelFor = 17;  // KernelContext_ParallelFor
 const OrtApi* g_api = nullptr;
 bool g_has_parallel_for = false;
 
-enum class OpKind { kMxfp4, kFp8, kFp8Dyn, kBf16, kFp8Weight, kInt8, kNvfp4 };  // kBf16 and the last three: CPU only
-
-bool CpuOnly(OpKind kind) {
-  return kind == OpKind::kBf16 || kind == OpKind::kFp8Weight || kind == OpKind::kInt8 || kind == OpKind::kNvfp4;
-}
+enum class OpKind { kMxfp4, kFp8, kFp8Dyn, kBf16, kFp8Weight, kInt8, kNvfp4 };  // each on CPU, and CUDA when built
 
 struct QoCustomOp : OrtCustomOp {
   OpKind kind;
@@ -189,10 +185,23 @@ int RunGpu(const QoKernel& k, const void* a, const void* b, const void* b_scale,
       return status;
     }
     case OpKind::kBf16:
+      return k.half ? qo_gpu_matmul_bf16_f16((const u16*)a, (const u16*)b, (u16*)y, M, N, K, stream)
+                    : qo_gpu_matmul_bf16_f32((const float*)a, (const u16*)b, (float*)y, M, N, K, stream);
     case OpKind::kFp8Weight:
+      return k.half ? qo_gpu_matmul_fp8_f16((const u16*)a, (const uint8_t*)b, (const float*)b_scale, b_scale_count,
+                                            (u16*)y, M, N, K, stream)
+                    : qo_gpu_matmul_fp8_f32((const float*)a, (const uint8_t*)b, (const float*)b_scale, b_scale_count,
+                                            (float*)y, M, N, K, stream);
     case OpKind::kInt8:
-    case OpKind::kNvfp4:
-      return QO_ERR_ARGUMENT;  // not registered on the GPU provider
+      return k.half ? qo_gpu_matmul_int8_f16((const u16*)a, (const int8_t*)b, (const float*)b_scale, b_scale_count,
+                                             (u16*)y, M, N, K, stream)
+                    : qo_gpu_matmul_int8_f32((const float*)a, (const int8_t*)b, (const float*)b_scale, b_scale_count,
+                                             (float*)y, M, N, K, stream);
+    case OpKind::kNvfp4:  // a_scale_device carries B_scale_2, which InputMemoryType keeps in host memory
+      return k.half ? qo_gpu_matmul_nvfp4_f16((const u16*)a, (const uint8_t*)b, (const uint8_t*)b_scale,
+                                              *a_scale_device, (u16*)y, M, N, K, stream)
+                    : qo_gpu_matmul_nvfp4_f32((const float*)a, (const uint8_t*)b, (const uint8_t*)b_scale,
+                                              *a_scale_device, (float*)y, M, N, K, stream);
   }
 #else
   (void)k; (void)a; (void)b; (void)b_scale; (void)b_scale_count; (void)a_scale_device; (void)y; (void)M; (void)N;
@@ -336,7 +345,11 @@ OrtCustomOpInputOutputCharacteristic ORT_API_CALL Required(const OrtCustomOp*, s
   return INPUT_OUTPUT_REQUIRED;
 }
 
-OrtMemType ORT_API_CALL InputMemoryType(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
+// MatMulNvfp4's B_scale_2 (input 3) is read on the host by the GPU kernel's launcher (a kernel argument by value).
+OrtMemType ORT_API_CALL InputMemoryType(const OrtCustomOp* op, size_t index) {
+  const QoCustomOp* qo = static_cast<const QoCustomOp*>(op);
+  return (qo->gpu && qo->kind == OpKind::kNvfp4 && index == 3) ? OrtMemTypeCPUInput : OrtMemTypeDefault;
+}
 
 int ORT_API_CALL MinArity(const OrtCustomOp*) { return 1; }
 int ORT_API_CALL Homogeneous(const OrtCustomOp*) { return 0; }
@@ -382,7 +395,7 @@ std::vector<QoCustomOp>& AllOps() {
       for (OpKind kind : {OpKind::kMxfp4, OpKind::kFp8, OpKind::kFp8Dyn, OpKind::kBf16, OpKind::kFp8Weight,
                           OpKind::kInt8, OpKind::kNvfp4})
         for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16})
-          if (!(gpu && CpuOnly(kind))) list.push_back(MakeOp(kind, t, gpu));
+          list.push_back(MakeOp(kind, t, gpu));
     return list;
   }();
   return ops;

@@ -7,8 +7,13 @@
 #include <string.h>
 #include <math.h>
 
-#if defined(__CUDACC__) || defined(__HIPCC__)
-#define QO_HD __host__ __device__ __forceinline__
+/* static: each translation unit gets its own copy, so several units can include this header and link together.
+ * HIP-CPU defines __HIPCC__ but its __forceinline__ is empty without NDEBUG (hip_defines.h), so there the
+ * functions are plain host `static inline`. */
+#if defined(__HIP_CPU_RT__)
+#define QO_HD static inline
+#elif defined(__CUDACC__) || defined(__HIPCC__)
+#define QO_HD static __host__ __device__ __forceinline__
 #else
 #define QO_HD static inline
 #endif

@@ -110,6 +110,34 @@ QO_API int qo_gpu_matmul_fp8_w8a8_dyn_f32(const float* A, const uint8_t* B, cons
 QO_API int qo_gpu_matmul_fp8_w8a8_dyn_f16(const uint16_t* A, const uint8_t* B, const float* B_scale,
                                           int64_t b_scale_count, float* row_scale_workspace, uint16_t* Y,
                                           int64_t M, int64_t N, int64_t K, void* stream);
+/* Weight-only formats (issue #22's ops; the GPU twins of the CPU kernels, same arguments plus the stream):
+ *   FP8:   B float8 e4m3fn codes [N, K], B_scale float [1] or [N]: Y = A @ (float(B) * B_scale)^T.
+ *   INT8:  B int8 [N, K], B_scale float [1] or [N]: Y = A @ (float(B) * B_scale)^T.
+ *   NVFP4: B uint8 [N, K/2] e2m1 (element 2j = low nibble of byte j), B_scale float8 e4m3fn [N, K/16] (device),
+ *          B_scale_2 float (a host value); K % 16 == 0. W = e2m1 * (float32(B_scale) * B_scale_2): the block scale
+ *          times the global scale is rounded to float32 first, then multiplies the element. That is the order of
+ *          Quark's own dequantizer (amd-quark 0.13, quark/torch/export/nn/modules/realquantizer.py,
+ *          SequentialRealQuantizer.forward, real_quantized branch: the fp8 scale stage dequantizes the block scale,
+ *          `scale * weight_scale_2` in float32 (hw_emulation_interface.py dequantize_fp8_per_tensor_with_scale),
+ *          then the fp4 stage computes `codes * scale` (dequantize_fp4_fp6_per_group)).
+ *   BF16:  B bfloat16 bit patterns [N, K]: Y = A @ float(B)^T (GPU: no fixed summation order across devices).
+ * The per-tensor / per-channel B_scale multiplies the float32 sum (epilogue); block scales multiply on decode. */
+QO_API int qo_gpu_matmul_fp8_f32(const float* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
+                                 float* Y, int64_t M, int64_t N, int64_t K, void* stream);
+QO_API int qo_gpu_matmul_fp8_f16(const uint16_t* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
+                                 uint16_t* Y, int64_t M, int64_t N, int64_t K, void* stream);
+QO_API int qo_gpu_matmul_int8_f32(const float* A, const int8_t* B, const float* B_scale, int64_t b_scale_count,
+                                  float* Y, int64_t M, int64_t N, int64_t K, void* stream);
+QO_API int qo_gpu_matmul_int8_f16(const uint16_t* A, const int8_t* B, const float* B_scale, int64_t b_scale_count,
+                                  uint16_t* Y, int64_t M, int64_t N, int64_t K, void* stream);
+QO_API int qo_gpu_matmul_nvfp4_f32(const float* A, const uint8_t* B, const uint8_t* B_scale, float B_scale_2,
+                                   float* Y, int64_t M, int64_t N, int64_t K, void* stream);
+QO_API int qo_gpu_matmul_nvfp4_f16(const uint16_t* A, const uint8_t* B, const uint8_t* B_scale, float B_scale_2,
+                                   uint16_t* Y, int64_t M, int64_t N, int64_t K, void* stream);
+QO_API int qo_gpu_matmul_bf16_f32(const float* A, const uint16_t* B, float* Y, int64_t M, int64_t N, int64_t K,
+                                  void* stream);
+QO_API int qo_gpu_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_t M, int64_t N, int64_t K,
+                                  void* stream);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,150 @@
+"""The bodies of the com.quark_onnx ONNX-function fallbacks, written with onnxscript: standard ONNX ops only, float32
+arithmetic, the result cast back to A's dtype (float32 or float16; A and Y are left untyped for that reason).
+
+Authored against opset 21; functions.py re-targets each FunctionProto to the model's own default opset (>= 19: every
+op here means the same from 19 on). Tensor names inside a body are local to it. Shapes are read at run time
+(Reshape with 0 / -1), so the K and N attributes are declared but not used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+from onnxscript import BFLOAT16, FLOAT, FLOAT8E4M3FN, INT8, UINT8, script
+from onnxscript import opset21 as op
+from onnxscript.values import Opset
+
+from .functions import DOMAIN, DOMAIN_VERSION, DYNAMIC_SCALE_MIN, E4M3FN_MAX, MXFP4_BLOCK_SIZE, NVFP4_BLOCK_SIZE
+
+quark_onnx = Opset(DOMAIN, DOMAIN_VERSION)
+E2M1_MAGNITUDES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def _tensor(name: str, array: np.ndarray) -> TensorProto:
+    return numpy_helper.from_array(array, name)
+
+
+def _ints(name: str, values) -> TensorProto:
+    return _tensor(name, np.array(values, dtype=np.int64))
+
+
+# 16 floats indexed by the 4-bit e2m1 code: codes 0-7 positive, 8-15 the same magnitudes negated.
+FP4_TABLE = _tensor("fp4_table", np.array(E2M1_MAGNITUDES + [-m for m in E2M1_MAGNITUDES], dtype=np.float32))
+# 256 floats indexed by the e8m0 byte: 2^(s-127), NaN at 255 (2^-127 is a float32 subnormal, exact).
+_e8m0 = np.full(256, np.nan, dtype=np.float32)
+_e8m0[:255] = np.exp2(np.arange(255, dtype=np.float64) - 127.0)
+E8M0_TABLE = _tensor("e8m0_table", _e8m0)
+LOW_MASK = _tensor("low_mask", np.array(0x0F, dtype=np.uint8))
+NIBBLE_BITS = _tensor("nibble_bits", np.array(4, dtype=np.uint8))
+LAST_AXIS = _ints("last_axis", [-1])
+SHAPE_N_BLOCKS_32 = _ints("shape_n_blocks_32", [0, -1, MXFP4_BLOCK_SIZE])
+SHAPE_N_BLOCKS_16 = _ints("shape_n_blocks_16", [0, -1, NVFP4_BLOCK_SIZE])
+SHAPE_N_K = _ints("shape_n_k", [0, -1])
+SHAPE_COLUMN = _ints("shape_col", [-1, 1])
+SCALAR_SHAPE = _ints("scalar_shape", np.zeros((0,), dtype=np.int64))
+FP8_ZERO = helper.make_tensor("fp8_zero", TensorProto.FLOAT8E4M3FN, [], np.zeros((), np.uint8).tobytes(), raw=True)
+ONE = _tensor("one", np.array(1.0, dtype=np.float32))
+FP8_MAX = _tensor("fp8_max", np.array(E4M3FN_MAX, dtype=np.float32))
+SCALE_MIN = _tensor("scale_min", np.array(DYNAMIC_SCALE_MIN, dtype=np.float32))
+
+
+@script(quark_onnx)
+def MatMulMxfp4(A, B: UINT8[...], B_scale: UINT8[...], K: int, N: int):
+    """Y [..., N] = A [..., K] @ W^T; W = e2m1(B) * 2^(B_scale - 127) per block of 32 along K (255: NaN).
+
+    B uint8 [N, K/2]: element 2j is the low nibble of byte j. B_scale uint8 e8m0 [N, K/32]."""
+    code_even = op.BitwiseAnd(B, op.Constant(value=LOW_MASK))
+    code_odd = op.BitShift(B, op.Constant(value=NIBBLE_BITS), direction="RIGHT")
+    last_axis = op.Constant(value=LAST_AXIS)
+    code_pairs = op.Concat(op.Unsqueeze(code_even, last_axis), op.Unsqueeze(code_odd, last_axis), axis=-1)
+    code_blocks = op.Reshape(code_pairs, op.Constant(value=SHAPE_N_BLOCKS_32))          # [N, K/32, 32]
+    code_index = op.Cast(code_blocks, to=TensorProto.INT32)  # int32: half the constant-folding peak
+    value_blocks = op.Gather(op.Constant(value=FP4_TABLE), code_index)
+    block_scale = op.Gather(op.Constant(value=E8M0_TABLE), op.Cast(B_scale, to=TensorProto.INT64))  # [N, K/32]
+    weight_blocks = op.Mul(value_blocks, op.Unsqueeze(block_scale, last_axis))
+    weight_kn = op.Transpose(op.Reshape(weight_blocks, op.Constant(value=SHAPE_N_K)), perm=[1, 0])
+    y_f32 = op.MatMul(op.Cast(A, to=TensorProto.FLOAT), weight_kn)
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
+@script(quark_onnx)
+def MatMulNvfp4(A, B: UINT8[...], B_scale: FLOAT8E4M3FN[...], B_scale_2: FLOAT[...], K: int, N: int):
+    """Y = A @ W^T; W = e2m1(B) * float32(float32(B_scale) * B_scale_2) per block of 16 along K: Quark's order, the
+    block scale times the global scale rounded once in float32. B uint8 [N, K/2] (low nibble first),
+    B_scale e4m3fn [N, K/16], B_scale_2 float32 scalar."""
+    code_even = op.BitwiseAnd(B, op.Constant(value=LOW_MASK))
+    code_odd = op.BitShift(B, op.Constant(value=NIBBLE_BITS), direction="RIGHT")
+    last_axis = op.Constant(value=LAST_AXIS)
+    code_pairs = op.Concat(op.Unsqueeze(code_even, last_axis), op.Unsqueeze(code_odd, last_axis), axis=-1)
+    code_blocks = op.Reshape(code_pairs, op.Constant(value=SHAPE_N_BLOCKS_16))          # [N, K/16, 16]
+    code_index = op.Cast(code_blocks, to=TensorProto.INT32)  # int32: half the constant-folding peak
+    value_blocks = op.Gather(op.Constant(value=FP4_TABLE), code_index)
+    scale_2 = op.Reshape(B_scale_2, op.Constant(value=SCALAR_SHAPE))
+    block_scale = op.Mul(op.Cast(B_scale, to=TensorProto.FLOAT), scale_2)                # [N, K/16]
+    weight_blocks = op.Mul(value_blocks, op.Unsqueeze(block_scale, last_axis))
+    weight_kn = op.Transpose(op.Reshape(weight_blocks, op.Constant(value=SHAPE_N_K)), perm=[1, 0])
+    y_f32 = op.MatMul(op.Cast(A, to=TensorProto.FLOAT), weight_kn)
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
+@script(quark_onnx)
+def MatMulFp8W8A8(A, B: FLOAT8E4M3FN[...], B_scale: FLOAT[...], A_scale: FLOAT[...]):
+    """Y = (a_q * A_scale) @ (float32(B) * B_scale)^T with a_q = QuantizeLinear(float32(A), A_scale, e4m3fn,
+    saturate=1). B_scale: a scalar or [N]; A_scale: a scalar."""
+    a_scale = op.Reshape(A_scale, op.Constant(value=SCALAR_SHAPE))
+    a_q = op.QuantizeLinear(op.Cast(A, to=TensorProto.FLOAT), a_scale, op.Constant(value=FP8_ZERO), saturate=1)
+    a_dq = op.DequantizeLinear(a_q, a_scale)
+    weight_nk = op.Mul(op.Cast(B, to=TensorProto.FLOAT), op.Reshape(B_scale, op.Constant(value=SHAPE_COLUMN)))
+    y_f32 = op.MatMul(a_dq, op.Transpose(weight_nk, perm=[1, 0]))
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
+@script(quark_onnx)
+def MatMulFp8W8A8Dyn(A, B: FLOAT8E4M3FN[...], B_scale: FLOAT[...]):
+    """As MatMulFp8W8A8 with a per-row scale s = max(max|row| / 448, 1e-12): a_q = saturate_e4m3fn(float32(A) / s)
+    (QuantizeLinear with scale 1 does the rounding), Y = (a_q * s) @ (float32(B) * B_scale)^T."""
+    a_f32 = op.Cast(A, to=TensorProto.FLOAT)
+    row_amax = op.ReduceMax(op.Abs(a_f32), op.Constant(value=LAST_AXIS), keepdims=1)
+    row_scale = op.Max(op.Div(row_amax, op.Constant(value=FP8_MAX)), op.Constant(value=SCALE_MIN))
+    a_q = op.QuantizeLinear(op.Div(a_f32, row_scale), op.Constant(value=ONE), op.Constant(value=FP8_ZERO),
+                            saturate=1)
+    a_dq = op.Mul(op.Cast(a_q, to=TensorProto.FLOAT), row_scale)
+    weight_nk = op.Mul(op.Cast(B, to=TensorProto.FLOAT), op.Reshape(B_scale, op.Constant(value=SHAPE_COLUMN)))
+    y_f32 = op.MatMul(a_dq, op.Transpose(weight_nk, perm=[1, 0]))
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
+@script(quark_onnx)
+def MatMulFp8(A, B: FLOAT8E4M3FN[...], B_scale: FLOAT[...]):
+    """Weight-only FP8: Y = float32(A) @ (float32(B) * B_scale)^T, B_scale a scalar or [N]. float32(e4m3) * B_scale
+    is the product DequantizeLinear computes, so ORT folds this body into the dense fp32 form's weight at load."""
+    weight_nk = op.Mul(op.Cast(B, to=TensorProto.FLOAT), op.Reshape(B_scale, op.Constant(value=SHAPE_COLUMN)))
+    y_f32 = op.MatMul(op.Cast(A, to=TensorProto.FLOAT), op.Transpose(weight_nk, perm=[1, 0]))
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
+@script(quark_onnx)
+def MatMulInt8(A, B: INT8[...], B_scale: FLOAT[...]):
+    """Weight-only symmetric INT8: Y = float32(A) @ (float32(B) * B_scale)^T, B_scale a scalar or [N]."""
+    weight_nk = op.Mul(op.Cast(B, to=TensorProto.FLOAT), op.Reshape(B_scale, op.Constant(value=SHAPE_COLUMN)))
+    y_f32 = op.MatMul(op.Cast(A, to=TensorProto.FLOAT), op.Transpose(weight_nk, perm=[1, 0]))
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
+@script(quark_onnx)
+def MatMulBf16(A, B: BFLOAT16[...]):
+    """Y = float32(A) @ float32(B)^T, B bfloat16 [N, K] (an lm_head as the checkpoint stores it). bf16 -> float32 is
+    exact, so this is the float lm_head's own arithmetic (ORT folds Cast and Transpose of an initializer B)."""
+    y_f32 = op.MatMul(op.Cast(A, to=TensorProto.FLOAT), op.Transpose(op.Cast(B, to=TensorProto.FLOAT), perm=[1, 0]))
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
+BODIES = {fn.name: fn for fn in (MatMulMxfp4, MatMulFp8W8A8, MatMulFp8W8A8Dyn, MatMulBf16, MatMulFp8, MatMulInt8,
+                                 MatMulNvfp4)}
