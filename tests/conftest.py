@@ -29,6 +29,17 @@ _DECLARED = pytest.StashKey[list]()
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    config.addinivalue_line("markers", "heavy: long evaluations kept out of the default run (select with -m heavy)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """heavy tests run only when the -m expression names them (.ci/run: pytest -m heavy)."""
+    if "heavy" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="heavy: run with -m heavy")
+    for item in items:
+        if "heavy" in item.keywords:
+            item.add_marker(skip)
 
 
 def fixture_cache_dir() -> Path:
