@@ -27,21 +27,34 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 
-def quark_trace(export: Path, ids: np.ndarray, nudge: bool) -> dict:
+def quark_model(export: Path):
+    """Quark's importer; for attention_scheme exports (the importer needs CUDA there) the frozen in-memory model,
+    quantized again from the recipe in info.json (tests/real_model.py)."""
+    info = json.loads((export / "info.json").read_text())
+    if info["recipe"].get("attention_scheme"):
+        from quark_factory import recipe_from_dict
+        from real_model import _quantized_reference
+        return _quantized_reference(export.parent.parent, recipe_from_dict(info["recipe"]), None)[0]
+    from quark.torch import import_model_from_safetensors
+    return import_model_from_safetensors(None, str(export / "quark"), device="cpu").float().eval()
+
+
+def quark_trace(export: Path, ids: np.ndarray, nudge: bool, model=None) -> dict:
     """{module: (x, qx, y)} for every QParamsLinear, in forward order."""
     import torch
-    from quark.torch import import_model_from_safetensors
 
-    model = import_model_from_safetensors(None, str(export / "quark"), device="cpu").float().eval()
+    model = model if model is not None else quark_model(export)
     found, hooks = {}, []
     gen = torch.Generator().manual_seed(0)
     for name, mod in model.named_modules():
-        if getattr(mod, "input_quantizer", None) is None and not hasattr(mod, "_get_qweight"):
+        if getattr(mod, "input_quantizer", None) is None and not hasattr(mod, "_get_qweight") \
+                and getattr(mod, "_weight_quantizer", None) is None:
             continue
 
         def hook(m, args, out, name=name):
             x = args[0].detach()
-            qx = m.input_quantizer(x) if getattr(m, "input_quantizer", None) is not None else x
+            iq = getattr(m, "input_quantizer", None) or getattr(m, "_input_quantizer", None)
+            qx = iq(x) if iq is not None else x
             found[name] = (x.float().numpy()[0].copy(), qx.detach().float().numpy()[0].copy(),
                            out.detach().float().numpy()[0].copy())
             if nudge:
@@ -49,6 +62,8 @@ def quark_trace(export: Path, ids: np.ndarray, nudge: bool) -> dict:
         hooks.append(mod.register_forward_hook(hook))
     with torch.no_grad():
         logits = model(input_ids=torch.from_numpy(ids.reshape(1, -1).astype(np.int64)), use_cache=False).logits
+    for h in hooks:
+        h.remove()
     found["logits"] = (None, None, logits[0].float().numpy())
     return found
 
@@ -132,8 +147,9 @@ def main(argv=None) -> int:
     if not args.onnx:
         from builder.convert import convert
         convert(export / "quark", onnx_dir, "cpu", log=lambda m: None)
-    q = quark_trace(export, ids, False)
-    n = quark_trace(export, ids, True)
+    model = quark_model(export)
+    q = quark_trace(export, ids, False, model)
+    n = quark_trace(export, ids, True, model)
     names = [k for k in q if k != "logits"]
     o = onnx_trace(onnx_dir, ids, names)
     rows = []
