@@ -57,6 +57,7 @@ EVAL_TOKENS = 96  # the default test's teacher-forced evaluation: the first 96 t
 NOISE_DRAWS = 3  # nudged Quark forwards per reference (6 pairs with Quark itself)
 LONG_TOKENS = 1024  # the heavy test's evaluation (issue 21: agreement past the prefill lengths of the default test)
 LONG_DRAWS = 2
+FLOOR_GREEDY = 0.005  # below this ppl floor the test also holds the greedy prefix to the nudged Quark's
 CALIB_WINDOWS, CALIB_LEN = 4, 64
 PROMPTS = ("The capital of France is", "Once upon a time, a little fox")
 # Written for this project; ~160 tokens of ordinary prose with numbers and punctuation.
@@ -235,7 +236,8 @@ def floor_pairs(runs: list, ids) -> tuple[list[float], list[float]]:
 
 def reference_figures(ref, eval_ids, draws: int, prompts=None) -> dict:
     """What the tests compare with: Quark's teacher-forced logits, `draws` nudged runs reduced to the pairwise floor
-    figures (plus draw 0's logits), and greedy tokens (plain and nudged) for the prompts."""
+    figures (plus draw 0's logits), and greedy tokens for the prompts (also nudged where the floor is under
+    FLOOR_GREEDY: the only case the test compares them)."""
     import numpy as np
     import torch
 
@@ -248,7 +250,8 @@ def reference_figures(ref, eval_ids, draws: int, prompts=None) -> dict:
                floor_ppl_pairs=np.asarray(ppl_pairs), floor_top1_pairs=np.asarray(top1_pairs))
     if prompts:
         out["greedy"] = np.asarray([_greedy(ref, p, NEW_TOKENS) for p in prompts], np.int64)
-        out["nudged_greedy"] = np.asarray([_greedy(ref, p, NEW_TOKENS, nudge_seed=0) for p in prompts], np.int64)
+        if max(ppl_pairs) < FLOOR_GREEDY:  # the test compares greedy prefixes only below this floor
+            out["nudged_greedy"] = np.asarray([_greedy(ref, p, NEW_TOKENS, nudge_seed=0) for p in prompts], np.int64)
         out.update({f"prompt{i}": p[0].numpy().astype(np.int64) for i, p in enumerate(prompts)})
     return out
 
