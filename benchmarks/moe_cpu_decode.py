@@ -1,8 +1,18 @@
-"""CPU decode tokens/s of a MoE block emitted densely vs routed (com.microsoft QMoE), on a synthetic export.
+"""CPU decode tokens/s of a MoE block emitted densely vs routed (com.microsoft QMoE, or the standard-op "gather"
+form of builder/ops/routed_experts.py), on a synthetic export.
 
     python benchmarks/moe_cpu_decode.py [--arch mixtral|qwen3_moe] [--hidden 256] [--inter 512] [--experts 8]
-                                        [--top_k 2] [--layers 4]
+                                        [--top_k 2] [--layers 4] [--scheme uint4|mxfp4] [--forms dense,routed]
+                                        [--prefill 1,4,16]
     python benchmarks/moe_cpu_decode.py --arch qwen3_moe --hidden 512 --inter 192 --experts 128 --top_k 8
+    python benchmarks/moe_cpu_decode.py --arch qwen3_moe --qwen3_30b --layers 2 --scheme mxfp4 --forms dense,gather
+
+--qwen3_30b: Qwen3-30B-A3B's shape (hidden 2048, 32 heads / 4 KV heads of 128, 128 experts of width 768, top-8),
+vocabulary 4096 (the lm_head is not what is measured). --scheme mxfp4 writes MXFP4 weights with dynamic MXFP4
+activations everywhere (Quark's mxfp4 template; random codes, e8m0 scales 2^-9..2^-5). --forms: dense (moe=dense),
+routed (moe=routed: QMoE for uint4), gather (moe=gather). --prefill T,...: also the latency of one prompt of T tokens
+through each branch of the gather form's If (moe_routed_tokens forcing the routed branch, 1 forcing every-expert),
+ORT CPU session, best of --repeats.
 
 --arch qwen3_moe writes a Qwen3MoeForCausalLM export instead (per-head q/k norms, head_dim 64, experts of width
 --inter, norm_topk_prob true, every layer sparse), the shape family of Qwen3-30B-A3B (128 experts, top-8).
@@ -32,22 +42,37 @@ from synthetic_export import QUANT_CONFIG  # noqa: E402
 from synthetic_quark_export import linear_tensors  # noqa: E402
 
 
+MXFP4_SPEC = {"dtype": "fp4", "qscheme": "per_group", "group_size": 32, "ch_axis": -1, "scale_format": "e8m0",
+              "scale_calculation_mode": "even", "round_method": "half_even", "is_dynamic": False,
+              "observer_cls": "PerBlockMXObserver", "symmetric": None, "scale_type": "float"}
+
+
+def mxfp4_tensors(rng, name: str, n_out: int, n_in: int) -> dict[str, np.ndarray]:
+    return {f"{name}.weight": np.frombuffer(rng.bytes(n_out * n_in // 2), np.uint8).reshape(n_out, n_in // 2),
+            f"{name}.weight_scale": rng.integers(118, 123, (n_out, n_in // 32)).astype(np.uint8)}
+
+
 def write_export(out: Path, hidden: int, inter: int, experts: int, top_k: int, layers: int, group: int = 32,
-                 vocab: int = 4096, heads: int = 8, kv_heads: int = 2, arch: str = "mixtral") -> None:
+                 vocab: int = 4096, heads: int = 8, kv_heads: int = 2, arch: str = "mixtral", scheme: str = "uint4",
+                 head_dim: int | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     bf16 = ml_dtypes.bfloat16
     q = copy.deepcopy(QUANT_CONFIG)
     q["global_quant_config"]["weight"]["group_size"] = group
+    if scheme == "mxfp4":
+        q["global_quant_config"]["weight"] = dict(MXFP4_SPEC)
+        q["global_quant_config"]["input_tensors"] = dict(MXFP4_SPEC, is_dynamic=True)
+        q["exclude"] = ["lm_head"] + [f"model.layers.{i}.mlp.gate" for i in range(layers)]
     cfg = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": hidden,
            "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
            "num_key_value_heads": kv_heads, "vocab_size": vocab, "max_position_embeddings": 2048,
            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False, "bos_token_id": 1,
            "eos_token_id": 2, "torch_dtype": "bfloat16", "hidden_act": "silu", "num_local_experts": experts,
            "num_experts_per_tok": top_k, "quantization_config": q}
-    head_dim = hidden // heads
+    head_dim = head_dim or hidden // heads
     if arch == "qwen3_moe":
-        head_dim = 64
+        head_dim = head_dim if head_dim != hidden // heads else 64
         cfg.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", head_dim=head_dim,
                    num_experts=experts, moe_intermediate_size=inter, intermediate_size=4 * hidden,
                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
@@ -70,10 +95,31 @@ def write_export(out: Path, hidden: int, inter: int, experts: int, top_k: int, l
             shapes.update({f"mlp.experts.{e}.gate_proj": (inter, hidden), f"mlp.experts.{e}.up_proj": (inter, hidden),
                            f"mlp.experts.{e}.down_proj": (hidden, inter)})
         for proj, (n_out, n_in) in shapes.items():
-            tensors.update(linear_tensors(rng, f"{p}.{proj}", n_out, n_in, group))
+            tensors.update(mxfp4_tensors(rng, f"{p}.{proj}", n_out, n_in) if scheme == "mxfp4"
+                           else linear_tensors(rng, f"{p}.{proj}", n_out, n_in, group))
     save_file(tensors, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+
+
+def prefill_ms(model_dir: Path, t: int, repeats: int) -> float:
+    """Best latency (ms) of one ORT CPU run of a t-token prompt with an empty cache."""
+    import time
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(model_dir / "model.onnx"), so, providers=["CPUExecutionProvider"])
+    ids = np.random.default_rng(2).integers(3, 4096, size=(1, t), dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    for inp in sess.get_inputs():
+        if inp.name.startswith("past_key_values"):
+            feeds[inp.name] = np.zeros((1, inp.shape[1], 0, inp.shape[3]), np.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        sess.run(["logits"], feeds)
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
 
 
 def main() -> int:
@@ -85,17 +131,27 @@ def main() -> int:
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--top_k", type=int, default=2)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--qwen3_30b", action="store_true", help="Qwen3-30B-A3B's layer shape (see above)")
+    ap.add_argument("--scheme", choices=("uint4", "mxfp4"), default="uint4")
+    ap.add_argument("--forms", default="dense,routed")
+    ap.add_argument("--prefill", default="")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     from builder.convert import convert
     from builder.emit_context import BuildOptions
+    heads, kv_heads, head_dim = 8, 2, None
+    if a.qwen3_30b:
+        a.arch, a.hidden, a.inter, a.experts, a.top_k = "qwen3_moe", 2048, 768, 128, 8
+        heads, kv_heads, head_dim = 32, 4, 128
     root = Path(a.root)
     src = root / "export"
-    write_export(src, a.hidden, a.inter, a.experts, a.top_k, a.layers, arch=a.arch)
+    write_export(src, a.hidden, a.inter, a.experts, a.top_k, a.layers, arch=a.arch, scheme=a.scheme, heads=heads,
+                 kv_heads=kv_heads, head_dim=head_dim)
     prompt = np.random.default_rng(1).integers(3, 4096, size=(1, 16), dtype=np.int32)
-    print(f"{a.arch}: hidden {a.hidden}, expert width {a.inter}, {a.experts} experts, top-{a.top_k}, {a.layers} layers")
-    forms = ("dense", "routed")
+    print(f"{a.arch} {a.scheme}: hidden {a.hidden}, expert width {a.inter}, {a.experts} experts, top-{a.top_k}, "
+          f"{a.layers} layers")
+    forms = tuple(a.forms.split(","))
     for form in forms:
         convert(src, root / form, "cpu", "fp32", BuildOptions(accuracy_level=1, extra={"moe": form}),
                 log=lambda _m: None)
@@ -105,7 +161,21 @@ def main() -> int:
             best[form] = max(best[form], decode_tps(root / form, prompt, a.tokens, 1))
     for form in forms:
         print(f"{form:7s} {best[form]:8.1f} tokens/s (best of {a.repeats})")
-    print(f"routed / dense {best['routed'] / best['dense']:.2f}x")
+    for form in forms[1:]:
+        print(f"{form} / {forms[0]} {best[form] / best[forms[0]]:.2f}x")
+    if a.prefill:
+        lens = [int(t) for t in a.prefill.split(",")]
+        branches = {"routed branch": 1 << 20, "every-expert branch": 1}
+        for name, limit in branches.items():
+            convert(src, root / name.replace(" ", "_"), "cpu", "fp32",
+                    BuildOptions(accuracy_level=1, extra={"moe": "gather", "moe_routed_tokens": limit}),
+                    log=lambda _m: None)
+        dirs = {name: root / name.replace(" ", "_") for name in branches}
+        if "dense" in forms:
+            dirs["dense form"] = root / "dense"
+        for t in lens:
+            ms = {name: prefill_ms(d, t, a.repeats) for name, d in dirs.items()}
+            print(f"prefill {t:4d} tokens: " + ", ".join(f"{n} {v:9.1f} ms" for n, v in ms.items()))
     return 0
 
 

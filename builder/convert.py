@@ -1,6 +1,7 @@
 """The pipeline: read -> plan -> emit -> save -> genai_config. Output appears only when everything succeeded."""
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shutil
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import arch as arch_registry
+from . import compact_forms
 from .checkpoint import Checkpoint
 from .config_schema import check_generation_config, check_rotary_size
 from .custom_ops_library import check_custom_ops_library, kernel_note
@@ -21,6 +23,10 @@ from .errors import ConversionError
 from .genai_config import TOKENIZER_FILES, TOKENIZER_REQUIRED, build_genai_config, copy_tokenizer_files, write_genai_config
 from .graph import GraphBuilder
 from .input_files import exists, list_dir, open_input, read_json
+from .input_kind import check_input_folder
+from .cli_text import MAX_LINE, clip
+from .output_lock import output_lock
+from .progress import ProgressBar
 from .options import options_not_applying
 from .output_dir import (make_temp, remove_tree, resolve_output, signals_raise, swap_into_place, write_error,
                          write_marker)
@@ -61,16 +67,23 @@ class ModelPlan:
 
 
 def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
-               options: BuildOptions | None = None, ckpt: Checkpoint | None = None) -> tuple[ModelPlan, Checkpoint]:
-    """Resolve every layer and check every tensor it needs, before anything is written."""
+               options: BuildOptions | None = None, ckpt: Checkpoint | None = None, *, build_library: bool = False,
+               log=None) -> tuple[ModelPlan, Checkpoint]:
+    """Resolve every layer and check every tensor it needs, before anything is written. On the cpu EP the custom-op
+    library of the compact forms is looked up, and built when `build_library` (the conversion; inspect only looks):
+    builder/compact_forms.py."""
     source = Path(source)
-    if not source.is_dir():
-        raise ConversionError("input model folder not found", file=source)
+    check_input_folder(source)  # a file, a GGUF file, a Hub id, a missing folder: each its own message
     list_dir(source)  # an unreadable folder is refused here, not reported as "config.json not found"
     options = options or BuildOptions()
     check_options(options)
+    no_library = options.custom_ops_library == compact_forms.NO_LIBRARY
+    if no_library:
+        options = replace(options, custom_ops_library=None)
     library_kernels = check_custom_ops_library(options.custom_ops_library) if options.custom_ops_library else ()
     ep = apply_ep_overrides(get_ep(ep_name), options)
+    if no_library:
+        ep = compact_forms.fp32_ep(ep, options)
     io = precision or ep.default_precision
     if io not in ep.precisions:
         raise ConversionError(f"precision not supported on {ep.name}", field="--precision", value=io,
@@ -83,12 +96,54 @@ def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
     own = ckpt is None
     ckpt = ckpt or Checkpoint(source)
     try:
-        return _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, ep, io, options,
-                            library_kernels), ckpt
+        args = (source, cfg, quant, config_file, family, hp, generation, ckpt)
+        return _plan_compact(args, ep, io, options, library_kernels, no_library, build_library, log), ckpt
     except BaseException:
         if own:  # the shard fds are opened with the headers
             ckpt.close()
         raise
+
+
+def _plan_compact(args, ep, io, options, library_kernels, no_library: bool, build_library: bool, log) -> ModelPlan:
+    """_plan_layers with the cpu EP's compact defaults resolved: the library found (or built) and named in the
+    options, or the fp32 forms and one warning saying why (builder/compact_forms.py)."""
+    ckpt = args[7]
+    auto = compact_forms.is_cpu_default(ep) and not no_library
+
+    def with_defaults(with_library: bool, without=()) -> BuildOptions:
+        defaults = compact_forms.bf16_defaults(options, ckpt, ep, with_library and not no_library)
+        return replace(options, extra={**{k: v for k, v in defaults.items() if k not in without}, **options.extra})
+
+    plan = _plan_layers(*args, ep, io, with_defaults(True), library_kernels)
+    if not auto or not uses_custom_ops(plan):
+        return plan
+    given = options.custom_ops_library  # checked by plan_model
+    path, why = (given, "") if given else compact_forms.find_or_build(build_library, log)
+    if path:
+        kernels = library_kernels if given else check_custom_ops_library(path)
+        # a default compact form whose op this library has no kernel for would be constant-folded to fp32 at load
+        # (more memory than the dense form while it folds): those keys keep the dense fp32 form
+        missing = compact_forms.missing_kernels(plan, path, options)
+        plan = _plan_layers(*args, compact_forms.fp32_ep(ep, options, only=missing), io,
+                            replace(with_defaults(True, without=missing), custom_ops_library=path), kernels)
+        plan.notes += [compact_forms.missing_note(key, op, path) for key, op in missing.items()]
+        if uses_custom_ops(plan) and not given:
+            plan.notes.append(f"compact CPU forms: custom-op library {path}, copied into the output folder and named "
+                              "in genai_config (the output also runs without it, through the ONNX-function fallbacks)")
+        elif not uses_custom_ops(plan) and not given:  # nothing left for the library to run
+            plan.options = replace(plan.options, custom_ops_library=None)
+        return plan
+    if not build_library:  # inspect: say what the conversion will do
+        plan.notes.append(f"compact CPU forms: the conversion builds the custom-op library ({why}); where it cannot, "
+                          "it writes the dense fp32 forms")
+        return plan
+    plan = _plan_layers(*args, compact_forms.fp32_ep(ep, options), io, with_defaults(False), ())
+    plan.warnings.insert(0, compact_forms.fallback_warning(why))
+    return plan
+
+
+def uses_custom_ops(plan: ModelPlan) -> bool:
+    return any(getattr(lp.scheme, "custom_op", lambda *_: None)(lp, plan.ep, plan.io) for lp in plan.linears.values())
 
 
 def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, ep, io, options,
@@ -151,10 +206,45 @@ def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, 
         if exists(source / name):
             os.close(open_input(source / name, source))
     if not any(exists(source / n) for n in TOKENIZER_REQUIRED):
-        model_plan.warnings.append(f"no tokenizer files in {source} ({', '.join(TOKENIZER_REQUIRED)}): "
-                                   "onnxruntime-genai cannot load the output without them; copy them from the "
-                                   "float model the export was made from into the output folder")
+        model_plan.warnings.append(f"no tokenizer files in {source} ({', '.join(TOKENIZER_REQUIRED)}, "
+                                   f"{TOKENIZER_CONFIG}): onnxruntime-genai cannot load the output without them; "
+                                   "copy them from the float model the export was made from into the output folder")
+    elif not exists(source / TOKENIZER_CONFIG):
+        model_plan.warnings.append(f"{TOKENIZER_CONFIG} missing in {source} (the other tokenizer files are there): "
+                                   "og.Tokenizer cannot load the output without it (it reads the tokenizer class and "
+                                   "special tokens from it); copy it from the float model the export was made from "
+                                   "into the output folder")
+    if quant is None:
+        model_plan.warnings.append(f"{config_file} has no quantization_config: this is a float model, not a Quark "
+                                   f"export; the output is a float ONNX model ({io} weights and activations, no "
+                                   "quantization). Quantize it with amd-quark first (scripts/quantize_quark.py) for "
+                                   "a quantized model")
+    else:
+        model_plan.warnings += unmatched_patterns(quant, ckpt, linears)
     return model_plan
+
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def unmatched_patterns(quant: QuarkConfig, ckpt: Checkpoint, linears: dict) -> list[str]:
+    """A warning for each layer_quant_config key and exclude entry that names no layer of the model: a typo there
+    silently quantizes (or keeps float) what the user meant otherwise."""
+    modules = set(linears)
+    for tensor in ckpt.names():
+        parts = tensor.split(".")
+        modules.update(".".join(parts[:i]) for i in range(1, len(parts)))
+
+    def matches(pattern: str) -> bool:
+        return pattern in modules or any(fnmatch.fnmatchcase(m, pattern) for m in modules)
+    warnings = []
+    for where, patterns in (("layer_quant_config", [k for k, _ in quant.layer_specs]), ("exclude", quant.exclude)):
+        for pattern in patterns:
+            if not matches(pattern):
+                warnings.append(f"{quant.config_file}: quantization_config.{where} entry {clip(repr(pattern), 80)} "
+                                "matches no "
+                                "layer of this model (a typo?); it has no effect")
+    return warnings
 
 
 LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
@@ -192,7 +282,7 @@ EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "int8_linear": INT8_LINEAR_FORMS
 LM_HEAD_SCHEMES = {"int8": (FloatToInt8Linear, "quantizes a copy of it to 8 bits"),
                    "bf16": (FloatBf16Linear, "reads its bf16 bits (one table with embedding=bf16, else a copy)")}
 
-OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS, "lm_head": LM_HEAD_FORMS}
+OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS, "lm_head": LM_HEAD_FORMS, "prefill_logits": ("all", "last")}
 
 
 def check_options(options: BuildOptions) -> None:
@@ -207,6 +297,10 @@ def check_options(options: BuildOptions) -> None:
 def apply_ep_overrides(ep: EPConfig, options: BuildOptions) -> EPConfig:
     """The EP profile with the user's per-scheme form choices applied (refused where the EP cannot read the form)."""
     for key in EP_OVERRIDES:
+        if options.extra.get(key) == compact_forms.COMPACT and ep.name != "cpu":
+            raise ConversionError(f"{key}=compact is a cpu EP form (its kernels are CPU kernels)",
+                                  field=f"--extra_options {key}", value=compact_forms.COMPACT,
+                                  accepted=", ".join(v for v in EP_OVERRIDES[key] if v != compact_forms.COMPACT))
         why = ep.refused_forms.get(key, {}).get(options.extra.get(key))
         if why:
             raise ConversionError(f"{key}={options.extra[key]} is not readable on {ep.name}: {why}",
@@ -226,15 +320,17 @@ def check_float_tensor(ckpt: Checkpoint, tensor: str, shape: tuple[int, ...]) ->
 
 def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precision: str | None = None,
             options: BuildOptions | None = None, log=None, *, overwrite: bool = False, validate: bool = False,
-            warn=None) -> ModelPlan:
+            warn=None, progress_bar: bool = False) -> ModelPlan:
     """Plan, then write to a temporary folder beside the output and swap it into place when complete.
-    `log` gets progress lines and notes, `warn` warnings (both default to stderr)."""
+    `log` gets progress lines and notes, `warn` warnings (both default to stderr); `progress_bar` draws a bar with an
+    ETA on stderr while the layers are emitted (the CLI asks for it on a terminal without -q). One conversion at a
+    time into one output: a second one fails naming the first's process (builder/output_lock.py)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr, flush=True))
+    warn = warn or (lambda msg: print(clip(f"warning: {msg}", MAX_LINE), file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     output = Path(output)
     target = resolve_output(Path(source), output, overwrite)
-    plan, ckpt = plan_model(source, ep_name, precision, options)
+    plan, ckpt = plan_model(source, ep_name, precision, options, build_library=True, log=log)
     for message in plan.warnings:
         warn(message)
     log(f"[1/3] planned {len(plan.linears)} linears of {plan.hp.architecture} for {plan.ep.name} "
@@ -243,10 +339,12 @@ def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precis
     try:
         with signals_raise():
             try:
-                tmp = make_temp(target, warn)
-                graph = GraphBuilder(tmp / "model.onnx.data")
-                _write_output(plan, ckpt, graph, tmp, output, log, t0, validate)
-                swap_into_place(tmp, target)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with output_lock(target, output):
+                    tmp = make_temp(target, warn)
+                    graph = GraphBuilder(tmp / "model.onnx.data")
+                    _write_output(plan, ckpt, graph, tmp, output, log, t0, validate, progress_bar)
+                    swap_into_place(tmp, target)
             except BaseException as exc:
                 if graph is not None:
                     graph.abort()
@@ -264,9 +362,9 @@ def convert(source: str | Path, output: str | Path, ep_name: str = "cpu", precis
 
 
 def _write_output(plan: ModelPlan, ckpt: Checkpoint, graph: GraphBuilder, tmp: Path, output: Path, log, t0: float,
-                  validate: bool) -> None:
+                  validate: bool, progress_bar: bool = False) -> None:
     ctx = EmitContext(graph, ckpt, plan.ep, plan.io, plan.options, plan.quant, notes=plan.notes)
-    _emit_with_progress(ctx, plan, log)
+    _emit_with_progress(ctx, plan, log, ProgressBar(len(plan.linears), graph.bytes_reserved) if progress_bar else None)
     t1 = time.perf_counter()
     graph.finish(tmp / "model.onnx", metadata={"quark_onnx.ep": plan.ep.name, "quark_onnx.io": plan.io,
                                                ACCURACY_LEVEL_KEY: accuracy_levels(graph.nodes)})
@@ -298,17 +396,26 @@ def accuracy_levels(nodes) -> str:
     return ",".join(map(str, levels)) if levels else "none"
 
 
-def _emit_with_progress(ctx: EmitContext, plan: ModelPlan, log) -> None:
+def _emit_with_progress(ctx: EmitContext, plan: ModelPlan, log, bar: ProgressBar | None = None) -> None:
+    """Step lines every 10 % of the linears, or (on a terminal) one bar redrawn per linear with an ETA."""
     t, total = time.perf_counter(), len(plan.linears)
     step, done = max(1, -(-total // 10)), [0]
 
     def progress(_linear_plan) -> None:
         done[0] += 1
-        if done[0] % step == 0 or done[0] == total:
+        if bar is not None:
+            bar.step()
+        elif done[0] % step == 0 or done[0] == total:
             log(f"[2/3] emitted {done[0]}/{total} linears ({time.perf_counter() - t:.1f}s)")
 
     ctx.progress = progress
-    plan.family.build_graph(ctx, plan.hp, plan.linears, plan.attention)
+    try:
+        plan.family.build_graph(ctx, plan.hp, plan.linears, plan.attention)
+    finally:
+        if bar is not None:
+            bar.close()
+    if bar is not None:
+        log(f"[2/3] emitted {done[0]}/{total} linears ({time.perf_counter() - t:.1f}s)")
 
 
 def _bundle_custom_ops_library(path: str | None, out_dir: Path) -> str | None:

@@ -30,16 +30,40 @@ _LOAD_SCRIPT = ("import ctypes, sys, onnxruntime as ort\n"
                 "if hasattr(lib, 'qo_gpu_backend'):\n"
                 "    lib.qo_gpu_backend.restype = ctypes.c_char_p\n"
                 "    kinds.append(lib.qo_gpu_backend().decode())\n"
-                "print('QO_KERNELS=' + ','.join(kinds))\n")
+                "print('QO_KERNELS=' + ','.join(kinds))\n"
+                "print('QO_SYMBOLS=' + ','.join(n for n in sys.argv[2:] if hasattr(lib, n)))\n")
+# The C entry point behind each com.quark_onnx CPU kernel (custom_ops/src/qo_kernels.h, CONTRACT.md): a library built
+# before an op's kernel existed runs that op through its ONNX function.
+OP_SYMBOLS = {"MatMulMxfp4": "qo_matmul_mxfp4_f32", "MatMulFp8W8A8": "qo_matmul_fp8_w8a8_f32",
+              "MatMulFp8W8A8Dyn": "qo_matmul_fp8_w8a8_dyn_f32", "MatMulBf16": "qo_matmul_bf16_f32",
+              "MatMulFp8": "qo_matmul_fp8_f32", "MatMulInt8": "qo_matmul_int8_f32", "MatMulNvfp4": "qo_matmul_nvfp4_f32"}
+_SYMBOLS: dict[str, frozenset] = {}  # library path -> the OP_SYMBOLS values it exports (filled by the check)
 
 
 def _refuse(path: str, message: str) -> ConversionError:
     return ConversionError(message, file=path, field=FIELD, value=path)
 
 
+_CHECKED: dict[tuple, tuple[str, ...]] = {}  # (path, size, mtime) -> kernels: one loading process per library file
+
+
 def check_custom_ops_library(path: str) -> tuple[str, ...]:
     """The kernel builds the library holds (("cpu",), ("cpu", "cuda"), () for a foreign custom-op library), or
     ConversionError naming what is wrong with it."""
+    try:
+        st = Path(path).stat()
+        key = (str(path), st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = None
+    if key in _CHECKED and str(path) in _SYMBOLS:
+        return _CHECKED[key]
+    kernels = _check(path)
+    if key is not None:
+        _CHECKED[key] = kernels
+    return kernels
+
+
+def _check(path: str) -> tuple[str, ...]:
     lib = Path(path)
     if not lib.exists():
         raise _refuse(path, "custom-op library not found")
@@ -57,7 +81,8 @@ def check_custom_ops_library(path: str) -> tuple[str, ...]:
         raise _refuse(path, "custom-op library name must end in .so, .so.N, .dylib or .dll and hold no '..' (it is "
                             "copied into the output folder under that name)")
     try:
-        result = subprocess.run([sys.executable, "-c", _LOAD_SCRIPT, str(lib.resolve())], capture_output=True,
+        result = subprocess.run([sys.executable, "-c", _LOAD_SCRIPT, str(lib.resolve()),
+                                 *OP_SYMBOLS.values()], capture_output=True,
                                 text=True, timeout=LOAD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise _refuse(path, f"ONNX Runtime did not finish loading the library in {LOAD_TIMEOUT_S} s") from None
@@ -67,6 +92,8 @@ def check_custom_ops_library(path: str) -> tuple[str, ...]:
         if result.returncode < 0:
             reason = f"the loading process died with signal {-result.returncode}"
         raise _refuse(path, f"ONNX Runtime cannot load it as a custom-op library: {reason[:300]}")
+    symbols = [ln for ln in result.stdout.splitlines() if ln.startswith("QO_SYMBOLS=")]
+    _SYMBOLS[str(path)] = frozenset(s for s in symbols[-1].split("=", 1)[1].split(",") if s) if symbols else frozenset()
     marker = [ln for ln in result.stdout.splitlines() if ln.startswith("QO_KERNELS=")]
     return tuple(k for k in marker[-1].split("=", 1)[1].split(",") if k) if marker else ()
 
@@ -81,6 +108,10 @@ def kernel_note(op: str, count: int, ep_name: str, library: str | None, kernels:
     if not kernels:
         return head + f"the kernel of {Path(library).name} if it registers {op} (not a quark_onnx_ops build), else " \
                       "its ONNX function"
+    symbols = _SYMBOLS.get(str(library))
+    if ep_name == "cpu" and "cpu" in kernels and symbols is not None and OP_SYMBOLS.get(op) not in symbols:
+        return head + (f"its ONNX function: {Path(library).name} has no {op} kernel yet (built before it existed; "
+                       "ORT constant-folds the weight into a dense float one at load)")
     if ep_name == "cpu" and "cpu" in kernels:
         return head + f"the CPU kernel of {Path(library).name}"
     if ep_name == "cuda" and "cuda" in kernels:

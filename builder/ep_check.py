@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 
 from .ep_configs.base import EPConfig
-from .ep_rules import ERROR, WARNING, ModelView, Rule
+from .ep_rules import ERROR, WARNING, ModelView, Rule, iter_nodes
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def check_findings(model: onnx.ModelProto | str | Path, ep: EPConfig) -> list[Fi
     proto = _load(model)
     view = ModelView.of(proto, ep)
     findings: list[Finding] = []
-    for node in proto.graph.node:
+    for node in iter_nodes(proto.graph):  # If branches too (ops/routed_experts.py)
         for rule in ep.constraints:
             if isinstance(rule, Rule):
                 message, name, severity = rule(node, view), rule.name, rule.severity

@@ -35,6 +35,18 @@ ERROR, WARNING = "error", "warning"
 TYPE_NAMES = {v: k.lower() for k, v in TensorProto.DataType.items()}
 
 
+def iter_nodes(graph: onnx.GraphProto):
+    """Every node of the graph and of its subgraphs (If branches, Loop bodies), depth first."""
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from iter_nodes(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sub in a.graphs:
+                    yield from iter_nodes(sub)
+
+
 @dataclass
 class ModelView:
     """What rules may look at besides the node: built once per check from the model (no weights loaded)."""
@@ -54,7 +66,7 @@ class ModelView:
         for vi in list(g.input) + list(g.output) + list(g.value_info):
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
                 view.value_types[vi.name] = vi.type.tensor_type.elem_type
-        for node in g.node:
+        for node in iter_nodes(g):
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
                 for a in node.attribute:
                     if a.name == "value":

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .cli_text import MAX_LINE, clip, clip_middle
+
 
 class ConversionError(Exception):
     """Bad or unsupported input. Each keyword names where the problem is; all are optional."""
@@ -21,18 +23,20 @@ class ConversionError(Exception):
         super().__init__(self.one_line())
 
     def one_line(self) -> str:
+        """At most MAX_LINE - len("error: ") characters: each part is cut with an ellipsis (paths in the middle)."""
         parts = []
         if self.file:
-            parts.append(self.file)
+            parts.append(clip_middle(self.file, 160))
         if self.layer:
-            parts.append(f"layer {self.layer}")
+            parts.append(f"layer {clip_middle(self.layer, 100)}")
         if self.field:
-            parts.append(f"{self.field}={self.value!r}")
+            parts.append(f"{clip(self.field, 80)}={clip(repr(self.value), 80)}")
         where = ": ".join(parts)
-        text = f"{where}: {self.message}" if where else self.message
+        message = clip(self.message, 240)
+        text = f"{where}: {message}" if where else message
         if self.accepted:
-            text += f" (accepted: {self.accepted})"
-        return " ".join(text.split())
+            text += f" (accepted: {clip(self.accepted, 160)})"
+        return clip(text, MAX_LINE - len("error: "))
 
 
 class Interrupted(BaseException):

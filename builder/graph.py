@@ -80,6 +80,10 @@ class GraphBuilder:
                   for i in range(0, n_out, rows_per_chunk))
         return self.stream_columns(name, dtype, (n_in, n_out), blocks)
 
+    def bytes_reserved(self) -> int:
+        """Bytes of model.onnx.data laid out so far (the progress bar's size)."""
+        return self._offset
+
     def has(self, name: str) -> bool:
         """Whether an initializer of this name was added."""
         return name in self._names

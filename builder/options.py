@@ -41,9 +41,17 @@ def _choices_of(module_attr: tuple[str, str]):
 
 
 def _path(key: str, text: str):
+    if text == "none":  # custom_ops_library=none: no library, the dense fp32 CPU forms (builder/compact_forms.py)
+        return text
     if not text:
         raise ConversionError("needs a path", field=f"--extra_options {key}", value=text)
     return text  # loadability is checked where the library is bundled
+
+
+def _positive_int(key: str, text: str):
+    if not text.isdigit() or int(text) <= 0:
+        raise ConversionError("must be a positive integer", field=f"--extra_options {key}", value=text)
+    return int(text)
 
 
 # ---- which models a key applies to ------------------------------------------------------------------------------
@@ -108,14 +116,23 @@ OPTIONS: dict[str, Option] = {
                          "FP4 weight form (overrides the EP profile)"),
     "fuse_projections": Option(choice("0", "1", "true", "false", convert=lambda t: t in ("1", "true")),
                                _has_fusable, "one matmul for q/k/v and for gate/up where the schemes agree: 1|0"),
-    "moe": Option(_choices_of(("builder.ops.moe", "MOE_FORMS")), _has_moe, "Mixtral MoE form: routed|dense"),
+    "moe": Option(_choices_of(("builder.ops.moe", "MOE_FORMS")), _has_moe,
+                  "MoE form: routed (QMoE where exact, else the standard-op routed form) | gather (the standard-op "
+                  "routed form) | dense"),
+    "moe_routed_tokens": Option(_positive_int, _has_moe,
+                                "standard-op routed MoE: most tokens per call that take the routed branch (default "
+                                "E/k; more tokens run every expert)"),
     "lm_head": Option(_choices_of(("builder.quant.float_int8", "LM_HEAD_FORMS")), _has_float_lm_head,
                       "float lm_head storage: float (exact) | int8 (8-bit MatMulNBits, not exact) | bf16 (checkpoint's "
                       "bf16 bits, custom-op kernel on CPU, exact)"),
     "embedding": Option(choice("float", "bf16"), None,
                         "token embedding storage: float (io dtype) | bf16 (checkpoint's bf16 bits, Gather + Cast, exact; "
                         "cpu)"),
-    "custom_ops_library": Option(_path, None, "custom-op shared library, copied into the output folder"),
+    "prefill_logits": Option(choice("all", "last"), None,
+                             "logits a prompt run returns: all (every position) | last (each sequence's last token "
+                             "only: the lm_head runs once per sequence; onnxruntime-genai reads it)"),
+    "custom_ops_library": Option(_path, None, "custom-op shared library, copied into the output folder (cpu default: found or built by the "
+                                 "converter; none: no library and the dense fp32 forms)"),
 }
 
 

@@ -36,13 +36,13 @@ from .errors import ConversionError, Interrupted
 MARKER = ".quark_onnx_builder.json"
 OWNER_FILE = ".quark_onnx_builder.owner"  # in a temporary folder only: {"pid", "host"} of the converting process
 SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
-DISK_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 
 def resolve_output(source: Path, output: Path, overwrite: bool = False) -> Path:
     """The folder that will be replaced (symlinks followed), or ConversionError if `-o` is refused."""
     shown = output
     target = Path(os.path.realpath(output))
+    check_name_length(target, shown)
     if output.is_symlink() and not output.exists() and not target.parent.is_dir():
         raise ConversionError("output is a dangling symlink into a folder that does not exist", file=shown)
     src = Path(os.path.realpath(source))
@@ -76,6 +76,25 @@ def resolve_output(source: Path, output: Path, overwrite: bool = False) -> Path:
                                       "this builder has; not replaced even with --overwrite, delete it yourself",
                                       file=shown)
     return target
+
+
+TEMP_NAME_EXTRA = len("..tmp-") + 8  # `.NAME.tmp-XXXXXXXX` (tempfile.mkdtemp's 8 random characters)
+
+
+def check_name_length(target: Path, shown: Path) -> None:
+    """Refuse an -o whose name (or whose temporary folder's name) the file system cannot hold, before any work."""
+    existing = target.parent
+    while not os.path.isdir(existing) and existing.parent != existing:
+        existing = existing.parent
+    try:
+        name_max = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    longest = max((len(os.fsencode(part)) for part in target.parts), default=0)
+    if longest > name_max or len(os.fsencode(target.name)) + TEMP_NAME_EXTRA > name_max:
+        raise ConversionError(f"a name in the output path is too long for the file system ({name_max} bytes per "
+                              f"name; the output folder's name may have at most {name_max - TEMP_NAME_EXTRA}, room "
+                              "for the temporary folder beside it); choose a shorter -o", file=shown)
 
 
 def write_marker(folder: Path, info: dict) -> None:
@@ -207,10 +226,8 @@ def signals_raise():
 
 
 def write_error(exc: OSError, target: Path) -> ConversionError:
-    """An OSError raised while writing the output, as one line naming the output path."""
-    if exc.errno in DISK_ERRNOS:
-        what = {errno.ENOSPC: "no space left on the device", errno.EFBIG: "file too large (file-size limit)",
-                errno.EDQUOT: "disk quota exceeded"}[exc.errno]
-        return ConversionError(f"cannot write the output: {what}; nothing was written", file=target)
-    return ConversionError(f"cannot write the output: {exc.strerror or exc}; nothing was written",
-                           file=exc.filename or target)
+    """An OSError raised while writing the output, as one line naming the user's -o (never our temporary folder
+    beside it: that name means nothing to the user and is deleted by the time they read it)."""
+    from .cli_text import OS_ADVICE
+    what = OS_ADVICE.get(exc.errno) or exc.strerror or str(exc)
+    return ConversionError(f"cannot write the output: {what}; nothing was written", file=target)

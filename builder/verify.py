@@ -334,9 +334,11 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m builder verify",
-                                     description="Compare an ONNX model with PyTorch (float and Quark-emulated).")
+def main(argv=None, parser: argparse.ArgumentParser | None = None) -> int:
+    """`parser`: the CLI's (prog, description and example set by builder/__main__.py)."""
+    parser = parser or argparse.ArgumentParser(prog="python -m builder verify",
+                                               description="Compare an ONNX model with PyTorch (float and "
+                                                           "Quark-emulated).")
     parser.add_argument("onnx_dir", help="folder with genai_config.json + model.onnx")
     parser.add_argument("--reference", required=True, help="Quark hf_format export or float HF model folder")
     parser.add_argument("--float_reference", default=None, help="float HF model folder (when --reference is a Quark export)")
@@ -346,13 +348,15 @@ def main(argv=None) -> int:
     parser.add_argument("--max_tokens", type=int, default=256, help="text tokens evaluated (capped by context length)")
     parser.add_argument("--provider", default=None, help="override the genai_config provider (e.g. cpu)")
     parser.add_argument("--json", dest="json_out", default=None, help="write the figures to this JSON file")
+    parser.add_argument("--verbose", action="store_true", help="show tracebacks")
     args = parser.parse_args(argv)
     try:
         run_verify(args.onnx_dir, args.reference, float_reference=args.float_reference, text=args.text,
                    prompts=args.prompts, new_tokens=args.new_tokens, max_tokens=args.max_tokens,
                    provider=args.provider, json_out=args.json_out, print_table=True)
     except VerifyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        from .cli_text import MAX_LINE, clip
+        print(clip(f"error: {exc}", MAX_LINE), file=sys.stderr)
         return 2
     return 0
 

@@ -23,6 +23,7 @@ DEFAULT_ONNX_OPSET = 21
 MIN_ONNX_OPSET = 19  # QuantizeLinear with float8 and the `saturate` attribute
 
 MXFP4_BLOCK_SIZE = 32
+NVFP4_BLOCK_SIZE = 16
 E4M3FN_MAX = 448.0
 DYNAMIC_SCALE_MIN = 1e-12
 
@@ -79,7 +80,7 @@ def matmul_mxfp4_function(onnx_opset: int = DEFAULT_ONNX_OPSET) -> onnx.Function
         n("Unsqueeze", ["code_odd", "last_axis"], ["code_odd_1"]),
         n("Concat", ["code_even_1", "code_odd_1"], ["code_pairs"], axis=-1),          # [N, K/2, 2]
         n("Reshape", ["code_pairs", "shape_n_blocks_32"], ["code_blocks"]),          # [N, K/32, 32]
-        n("Cast", ["code_blocks"], ["code_index"], to=TensorProto.INT64),
+        n("Cast", ["code_blocks"], ["code_index"], to=TensorProto.INT32),      # int32: half the folding peak
         n("Gather", ["fp4_table", "code_index"], ["value_blocks"]),                   # float [N, K/32, 32]
         n("Cast", ["B_scale"], ["scale_index"], to=TensorProto.INT64),
         n("Gather", ["e8m0_table", "scale_index"], ["block_scale"]),                  # float [N, K/32]
@@ -169,11 +170,75 @@ def matmul_bf16_function(onnx_opset: int = DEFAULT_ONNX_OPSET) -> onnx.FunctionP
     return _function("MatMulBf16", ["A", "B"], ["Y"], nodes, [], onnx_opset)
 
 
+def _scaled_weight_matmul_function(op_type: str, doc: str, onnx_opset: int) -> onnx.FunctionProto:
+    """Y = CastLike(float32(A) @ (float32(B) * B_scale).T, A), B [N,K] of any type Cast takes, B_scale scalar|[N]."""
+    n = helper.make_node
+    nodes = [n("Cast", ["A"], ["a_f32"], to=TensorProto.FLOAT)] + _fp8_weight_and_matmul_nodes("a_f32")
+    function = _function(op_type, ["A", "B", "B_scale"], ["Y"], nodes, [], onnx_opset)
+    function.doc_string = doc
+    return function
+
+
+def matmul_fp8_function(onnx_opset: int = DEFAULT_ONNX_OPSET) -> onnx.FunctionProto:
+    """MatMulFp8(A [...,K] f32|f16, B e4m3fn [N,K], B_scale f32 scalar|[N]) -> Y like A: A @ (B * B_scale).T.
+
+    Weight-only: the activation's FP8 emulation (if any) is standard Q/DQ before the node. float32(e4m3) * B_scale is
+    the correctly rounded float32 product DequantizeLinear computes, so the body is the dense fp32 form's arithmetic
+    (ORT constant-folds Cast/Mul/Transpose of initializers into that very fp32 [K, N] weight at load)."""
+    return _scaled_weight_matmul_function("MatMulFp8", matmul_fp8_function.__doc__, onnx_opset)
+
+
+def matmul_int8_function(onnx_opset: int = DEFAULT_ONNX_OPSET) -> onnx.FunctionProto:
+    """MatMulInt8(A [...,K] f32|f16, B int8 [N,K], B_scale f32 scalar|[N]) -> Y like A: A @ (B * B_scale).T.
+
+    Weight-only and symmetric (an asymmetric checkpoint keeps the dense form); the activation's Q/DQ precedes it."""
+    return _scaled_weight_matmul_function("MatMulInt8", matmul_int8_function.__doc__, onnx_opset)
+
+
+def matmul_nvfp4_function(onnx_opset: int = DEFAULT_ONNX_OPSET) -> onnx.FunctionProto:
+    """MatMulNvfp4(A [...,K] f32|f16, B uint8 [N,K/2], B_scale e4m3fn [N,K/16], B_scale_2 f32 scalar; K, N) -> Y.
+
+    W = e2m1(B) * float32(float32(B_scale) * B_scale_2): Quark's order (the block scale rounded once in float32,
+    quark_format.md), element 2j in the low nibble of byte j."""
+    n = helper.make_node
+    nodes = [
+        _const("fp4_table", _e2m1_table()),
+        _const("low_mask", np.array(0x0F, dtype=np.uint8)),
+        _const("nibble_bits", np.array(4, dtype=np.uint8)),
+        _ints("last_axis", [-1]),
+        _ints("shape_n_blocks_16", [0, -1, NVFP4_BLOCK_SIZE]),
+        _ints("shape_n_k", [0, -1]),
+        _ints("scalar_shape", np.zeros((0,), dtype=np.int64)),
+        n("BitwiseAnd", ["B", "low_mask"], ["code_even"]),
+        n("BitShift", ["B", "nibble_bits"], ["code_odd"], direction="RIGHT"),
+        n("Unsqueeze", ["code_even", "last_axis"], ["code_even_1"]),
+        n("Unsqueeze", ["code_odd", "last_axis"], ["code_odd_1"]),
+        n("Concat", ["code_even_1", "code_odd_1"], ["code_pairs"], axis=-1),          # [N, K/2, 2]
+        n("Reshape", ["code_pairs", "shape_n_blocks_16"], ["code_blocks"]),          # [N, K/16, 16]
+        n("Cast", ["code_blocks"], ["code_index"], to=TensorProto.INT32),      # int32: half the folding peak
+        n("Gather", ["fp4_table", "code_index"], ["value_blocks"]),                   # float [N, K/16, 16]
+        n("Cast", ["B_scale"], ["block_e4m3"], to=TensorProto.FLOAT),                # [N, K/16]
+        n("Reshape", ["B_scale_2", "scalar_shape"], ["scale_2"]),
+        n("Mul", ["block_e4m3", "scale_2"], ["block_scale"]),
+        n("Unsqueeze", ["block_scale", "last_axis"], ["block_scale_1"]),
+        n("Mul", ["value_blocks", "block_scale_1"], ["weight_blocks"]),
+        n("Reshape", ["weight_blocks", "shape_n_k"], ["weight_nk"]),                  # [N, K]
+        n("Transpose", ["weight_nk"], ["weight_kn"], perm=[1, 0]),
+        n("Cast", ["A"], ["a_f32"], to=TensorProto.FLOAT),
+        n("MatMul", ["a_f32", "weight_kn"], ["y_f32"]),
+        n("CastLike", ["y_f32", "A"], ["Y"]),
+    ]
+    return _function("MatMulNvfp4", ["A", "B", "B_scale", "B_scale_2"], ["Y"], nodes, ["K", "N"], onnx_opset)
+
+
 FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
     "MatMulMxfp4": matmul_mxfp4_function,
     "MatMulFp8W8A8": matmul_fp8_w8a8_function,
     "MatMulFp8W8A8Dyn": matmul_fp8_w8a8_dyn_function,
     "MatMulBf16": matmul_bf16_function,
+    "MatMulFp8": matmul_fp8_function,
+    "MatMulInt8": matmul_int8_function,
+    "MatMulNvfp4": matmul_nvfp4_function,
 }
 
 # Inputs in order, and the integer attributes each node must carry.
@@ -182,12 +247,18 @@ OP_INPUTS = {
     "MatMulFp8W8A8": ("A", "B", "B_scale", "A_scale"),
     "MatMulFp8W8A8Dyn": ("A", "B", "B_scale"),
     "MatMulBf16": ("A", "B"),
+    "MatMulFp8": ("A", "B", "B_scale"),
+    "MatMulInt8": ("A", "B", "B_scale"),
+    "MatMulNvfp4": ("A", "B", "B_scale", "B_scale_2"),
 }
 OP_REQUIRED_ATTRIBUTES = {
     "MatMulMxfp4": ("K", "N"),
     "MatMulFp8W8A8": (),
     "MatMulFp8W8A8Dyn": (),
     "MatMulBf16": (),
+    "MatMulFp8": (),
+    "MatMulInt8": (),
+    "MatMulNvfp4": ("K", "N"),
 }
 
 
@@ -210,6 +281,8 @@ def make_node(op_type: str, inputs, outputs, name: str | None = None, **attribut
             raise ValueError(f"{op_type} attribute {key} must be a positive int, got {value!r}")
     if op_type == "MatMulMxfp4" and attributes["K"] % MXFP4_BLOCK_SIZE:
         raise ValueError(f"MatMulMxfp4 K={attributes['K']} must be a multiple of {MXFP4_BLOCK_SIZE}")
+    if op_type == "MatMulNvfp4" and attributes["K"] % NVFP4_BLOCK_SIZE:
+        raise ValueError(f"MatMulNvfp4 K={attributes['K']} must be a multiple of {NVFP4_BLOCK_SIZE}")
     return helper.make_node(op_type, list(inputs), list(outputs), name=name, domain=DOMAIN,
                             **{k: int(v) for k, v in attributes.items()})
 

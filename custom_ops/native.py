@@ -8,6 +8,12 @@ rebuilt when a source is newer than the library.
     y = native.matmul_mxfp4(a, b_packed, b_scale)          # a float32|float16 [..., K]
     y = native.matmul_fp8_w8a8(a, b_fp8, b_scale, a_scale)
     y = native.matmul_fp8_w8a8_dyn(a, b_fp8, b_scale)
+    y = native.matmul_fp8(a, b_fp8, b_scale)               # weight-only FP8 (MatMulFp8)
+    y = native.matmul_int8(a, b_int8, b_scale)             # weight-only INT8 (MatMulInt8)
+    y = native.matmul_nvfp4(a, b_packed, b_scale_e4m3, b_scale_2)
+    y = native.matmul_bf16(a, b_bf16_bits)
+
+QO_CPU_KERNELS=portable in the environment makes the library take its portable C path instead of AVX2 (same bits).
 """
 
 from __future__ import annotations
@@ -79,7 +85,7 @@ def _build_with_compiler() -> None:
     if not compiler:
         raise NativeBuildError("no C compiler found (set CC, or install cc/gcc/clang) to build custom_ops CPU kernels")
     sources = [str(SOURCE_DIR / s) for s in CPU_SOURCES]
-    command = [compiler, "-O3", "-std=c99", "-shared", "-fPIC", "-fvisibility=hidden", *sources,
+    command = [compiler, "-O3", "-std=c99", "-ffp-contract=off", "-shared", "-fPIC", "-fvisibility=hidden", *sources,
                "-o", str(library_path())]
     # Threads when OpenMP links, else only its simd pragmas, else plain.
     for parallel_flags in (["-fopenmp"], ["-fopenmp-simd"], []):
@@ -116,6 +122,14 @@ def _declare(lib: ctypes.CDLL) -> None:
         "qo_matmul_fp8_w8a8_f16": [p, p, p, i64, f32, p, i64, i64, i64],
         "qo_matmul_fp8_w8a8_dyn_f32": [p, p, p, i64, p, i64, i64, i64],
         "qo_matmul_fp8_w8a8_dyn_f16": [p, p, p, i64, p, i64, i64, i64],
+        "qo_matmul_fp8_f32": [p, p, p, i64, p, i64, i64, i64],
+        "qo_matmul_fp8_f16": [p, p, p, i64, p, i64, i64, i64],
+        "qo_matmul_int8_f32": [p, p, p, i64, p, i64, i64, i64],
+        "qo_matmul_int8_f16": [p, p, p, i64, p, i64, i64, i64],
+        "qo_matmul_nvfp4_f32": [p, p, p, f32, p, i64, i64, i64],
+        "qo_matmul_nvfp4_f16": [p, p, p, f32, p, i64, i64, i64],
+        "qo_matmul_bf16_f32": [p, p, p, i64, i64, i64],
+        "qo_matmul_bf16_f16": [p, p, p, i64, i64, i64],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
@@ -203,4 +217,70 @@ def matmul_fp8_w8a8_dyn(a: np.ndarray, b_fp8: np.ndarray, b_scale) -> np.ndarray
     y = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
     fn = getattr(load_library(), f"qo_matmul_fp8_w8a8_dyn_{suffix}")
     _check(fn(_ptr(a), _ptr(b), _ptr(scale), scale.size, _ptr(y), a.size // k, n, k), "matmul_fp8_w8a8_dyn")
+    return y
+
+
+def _scaled_weight(b: np.ndarray, b_scale, dtype, code_dtype, op: str) -> tuple[np.ndarray, np.ndarray]:
+    b = np.asarray(b)
+    if b.dtype == dtype:
+        b = b.view(code_dtype)
+    if b.dtype != code_dtype or b.ndim != 2:
+        raise TypeError(f"{op}: B must be {np.dtype(dtype).name} [N, K], got {b.dtype} {b.shape}")
+    scale = np.ascontiguousarray(np.asarray(b_scale, dtype=np.float32).reshape(-1))
+    if scale.size not in (1, b.shape[0]):
+        raise ValueError(f"{op}: B_scale has {scale.size} values: want 1 (per-tensor) or N={b.shape[0]} (per-channel)")
+    return np.ascontiguousarray(b), scale
+
+
+def matmul_fp8(a: np.ndarray, b_fp8: np.ndarray, b_scale) -> np.ndarray:
+    """Weight-only FP8: Y = A @ (f32(B) * B_scale).T; B float8_e4m3fn (or uint8 codes) [N, K]; B_scale scalar or [N]."""
+    b, scale = _scaled_weight(b_fp8, b_scale, ml_dtypes.float8_e4m3fn, np.uint8, "matmul_fp8")
+    n, k = b.shape
+    a, suffix = _activation(a, k, "matmul_fp8")
+    y = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
+    fn = getattr(load_library(), f"qo_matmul_fp8_{suffix}")
+    _check(fn(_ptr(a), _ptr(b), _ptr(scale), scale.size, _ptr(y), a.size // k, n, k), "matmul_fp8")
+    return y
+
+
+def matmul_int8(a: np.ndarray, b_int8: np.ndarray, b_scale) -> np.ndarray:
+    """Weight-only INT8: Y = A @ (f32(B) * B_scale).T; B int8 [N, K]; B_scale scalar or [N]."""
+    b, scale = _scaled_weight(b_int8, b_scale, np.int8, np.int8, "matmul_int8")
+    n, k = b.shape
+    a, suffix = _activation(a, k, "matmul_int8")
+    y = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
+    fn = getattr(load_library(), f"qo_matmul_int8_{suffix}")
+    _check(fn(_ptr(a), _ptr(b), _ptr(scale), scale.size, _ptr(y), a.size // k, n, k), "matmul_int8")
+    return y
+
+
+def matmul_nvfp4(a: np.ndarray, b_packed: np.ndarray, b_scale: np.ndarray, b_scale_2) -> np.ndarray:
+    """NVFP4: Y = A @ (e2m1(B) * fp32(e4m3(B_scale) * B_scale_2)).T; B uint8 [N, K/2], B_scale e4m3 [N, K/16]."""
+    b_packed = np.ascontiguousarray(b_packed, dtype=np.uint8)
+    s = np.asarray(b_scale)
+    if s.dtype == ml_dtypes.float8_e4m3fn:
+        s = s.view(np.uint8)
+    s = np.ascontiguousarray(s, dtype=np.uint8)
+    n, k = b_packed.shape[0], b_packed.shape[1] * 2
+    if k % 16 or s.shape != (n, k // 16):
+        raise ValueError(f"matmul_nvfp4: B {b_packed.shape} / B_scale {s.shape} do not describe K % 16 == 0")
+    a, suffix = _activation(a, k, "matmul_nvfp4")
+    y = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
+    fn = getattr(load_library(), f"qo_matmul_nvfp4_{suffix}")
+    s2 = float(np.asarray(b_scale_2, dtype=np.float32).reshape(()))
+    _check(fn(_ptr(a), _ptr(b_packed), _ptr(s), s2, _ptr(y), a.size // k, n, k), "matmul_nvfp4")
+    return y
+
+
+def matmul_bf16(a: np.ndarray, b_bits: np.ndarray) -> np.ndarray:
+    """Y = A @ float32(B).T; B bfloat16 (or its uint16 bit patterns) [N, K]."""
+    b = np.asarray(b_bits)
+    if b.dtype == ml_dtypes.bfloat16:
+        b = b.view(np.uint16)
+    b = np.ascontiguousarray(b, dtype=np.uint16)
+    n, k = b.shape
+    a, suffix = _activation(a, k, "matmul_bf16")
+    y = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
+    fn = getattr(load_library(), f"qo_matmul_bf16_{suffix}")
+    _check(fn(_ptr(a), _ptr(b), _ptr(y), a.size // k, n, k), "matmul_bf16")
     return y

@@ -61,7 +61,7 @@ def _build_cmake(cmake: str, include: Path) -> None:
     work = BUILD_DIR / "cmake"
     _run([cmake, "-S", str(PACKAGE_DIR), "-B", str(work), "-DCMAKE_BUILD_TYPE=Release", "-DQO_WITH_CPU=ON",
           "-DQO_WITH_ORT=ON", f"-DONNXRUNTIME_ROOT={include}", "-DQO_WITH_CUDA=OFF", "-DQO_WITH_HIP=OFF",
-          "-DCMAKE_C_FLAGS=-Wall -Wextra", "-DCMAKE_CXX_FLAGS=-Wall -Wextra",
+          "-DCMAKE_C_FLAGS=-Wall -Wextra -ffp-contract=off", "-DCMAKE_CXX_FLAGS=-Wall -Wextra",
           f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={BUILD_DIR}"])
     _run([cmake, "--build", str(work), "--config", "Release", "-j", "2"])
 
@@ -75,7 +75,7 @@ def _build_direct(include: Path) -> None:
     for name in SOURCES:
         is_cxx = name.endswith(".cc")
         obj = BUILD_DIR / f"{name}.o"
-        cmd = [cxx if is_cxx else cc, "-c", "-O3", "-fPIC", "-fvisibility=hidden", "-fopenmp", "-DQO_WITH_CPU",
+        cmd = [cxx if is_cxx else cc, "-c", "-O3", "-ffp-contract=off", "-fPIC", "-fvisibility=hidden", "-fopenmp", "-DQO_WITH_CPU",
                "-std=c++17" if is_cxx else "-std=c99", "-I", str(SOURCE_DIR), "-I", str(include),
                str(SOURCE_DIR / name), "-o", str(obj)]
         _run(cmd)

@@ -137,3 +137,68 @@ def matmul_bf16(a: np.ndarray, b_bits: np.ndarray) -> np.ndarray:
     """MatMulBf16: A [..., K] @ float(B [N, K]).T, summed in float64 (the kernels sum in float32)."""
     w = bf16_bits_to_float(b_bits).astype(np.float64)
     return (np.asarray(a, np.float64) @ w.T).astype(np.float32)
+
+
+# ---- weight-only compact ops (CONTRACT.md): the activation emulation stays in standard ops before the node ----
+
+NVFP4_BLOCK_SIZE = 16
+
+
+def matmul_fp8(a: np.ndarray, b_fp8: np.ndarray, b_scale) -> np.ndarray:
+    """MatMulFp8: A [..., K] @ (float(B e4m3fn [N, K]) * B_scale).T, B_scale scalar or [N]; float64 sums, A's dtype."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = np.asarray(a).astype(np.float64) @ dequantize_fp8_weight(b_fp8, b_scale).T
+    return y.astype(np.asarray(a).dtype)
+
+
+def dequantize_int8_weight(b_int8: np.ndarray, b_scale) -> np.ndarray:
+    """B int8 [N, K] times a per-tensor or per-channel scale -> float64 [N, K] (symmetric: no zero point)."""
+    b = np.asarray(b_int8)
+    if b.dtype != np.int8:
+        raise ValueError(f"B must be int8, got {b.dtype}")
+    return b.astype(np.float64) * _b_scale_column(b_scale, b.shape[0])
+
+
+def matmul_int8(a: np.ndarray, b_int8: np.ndarray, b_scale) -> np.ndarray:
+    """MatMulInt8: A [..., K] @ (float(B int8 [N, K]) * B_scale).T; float64 sums, A's dtype."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = np.asarray(a).astype(np.float64) @ dequantize_int8_weight(b_int8, b_scale).T
+    return y.astype(np.asarray(a).dtype)
+
+
+def e4m3fn_bytes_to_float(scales: np.ndarray) -> np.ndarray:
+    """float8_e4m3fn bytes (uint8 or float8 dtype) -> float64, decoded by ml_dtypes (0x7f/0xff are NaN)."""
+    s = np.asarray(scales)
+    if s.dtype != ml_dtypes.float8_e4m3fn:
+        s = s.astype(np.uint8).view(ml_dtypes.float8_e4m3fn)
+    return s.astype(np.float64)
+
+
+def dequantize_nvfp4(b_packed: np.ndarray, b_scale, b_scale_2) -> np.ndarray:
+    """B uint8 [N, K/2] + e4m3fn block scales [N, K/16] + fp32 scalar -> float32 weights [N, K].
+
+    Quark's order (quark_format.md, NVFP4: W = fp4 * fp32(weight_scale_fp8) * weight_scale_2, checked against Quark's
+    reload): the block scale e4m3 * scale_2 is rounded once to float32, then multiplied by the e2m1 value (exact:
+    e2m1 has 2 significant bits, so that product is exact in float32 unless it underflows)."""
+    values = e2m1_code_to_float(unpack_fp4_low_nibble_first(b_packed)).astype(np.float32)
+    n, k = values.shape
+    block = e4m3fn_bytes_to_float(b_scale).astype(np.float32)
+    if block.shape != (n, k // NVFP4_BLOCK_SIZE):
+        raise ValueError(f"B_scale shape {block.shape} does not match B [N={n}, K={k}] (want [N, K/16])")
+    block_scale = (block * np.float32(np.asarray(b_scale_2, np.float32).reshape(()))).astype(np.float32)
+    return (values * np.repeat(block_scale, NVFP4_BLOCK_SIZE, axis=1)).astype(np.float32)
+
+
+def matmul_nvfp4(a: np.ndarray, b_packed: np.ndarray, b_scale, b_scale_2) -> np.ndarray:
+    """MatMulNvfp4: A [..., K] @ dequantize_nvfp4(B).T, float64 sums, A's dtype."""
+    w = dequantize_nvfp4(b_packed, b_scale, b_scale_2).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = np.asarray(a).astype(np.float64) @ w.T
+    return y.astype(np.asarray(a).dtype)
+
+
+def random_nvfp4_weight(rng: np.random.Generator, n: int, k: int):
+    """Random packed NVFP4 weight [N, K/2], e4m3fn block-scale bytes [N, K/16] (positive, finite) and scale_2."""
+    codes = rng.integers(0, 16, size=(n, k), dtype=np.uint8)
+    scales = rng.uniform(0.02, 400.0, size=(n, k // NVFP4_BLOCK_SIZE)).astype(ml_dtypes.float8_e4m3fn)
+    return pack_fp4_low_nibble_first(codes), scales.view(np.uint8), np.float32(rng.uniform(1e-4, 1e-2))

@@ -11,8 +11,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+
+EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE, like `cat` when its reader went away
+MAX_LINE = 400
+
+
+class UsageError(Exception):
+    """A one-line error for the user (exit 2)."""
+
+
+def check_model_dir(model_dir: str) -> None:
+    if not os.path.isdir(model_dir):
+        raise UsageError(f"{model_dir}: folder not found (pass the -o folder of `python -m builder`)")
+    if not os.path.isfile(os.path.join(model_dir, "genai_config.json")):
+        raise UsageError(f"{model_dir}: no genai_config.json; this is not a converted model folder (convert first: "
+                         f"python -m builder -i QUARK_DIR -o {model_dir})")
 
 
 def build_model(model_dir: str, execution_provider: str | None):
@@ -31,14 +47,19 @@ def generate(model_dir: str, prompt: str, max_length: int, chat: bool = False, e
     """Greedy-decode and stream text to `out`; returns the generated token ids (prompt excluded)."""
     import onnxruntime_genai as og
 
-    model = build_model(model_dir, execution_provider)
-    tokenizer = og.Tokenizer(model)
+    check_model_dir(model_dir)
+    try:
+        model = build_model(model_dir, execution_provider)
+        tokenizer = og.Tokenizer(model)
+    except Exception as exc:  # onnxruntime-genai's own message (missing model.onnx, tokenizer files, provider)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"{model_dir}: onnxruntime-genai cannot load it: {first}") from None
     if chat:
         prompt = tokenizer.apply_chat_template(json.dumps([{"role": "user", "content": prompt}]),
                                                add_generation_prompt=True)
     prompt_ids = tokenizer.encode(prompt)
     if len(prompt_ids) >= max_length:
-        raise SystemExit(f"prompt is {len(prompt_ids)} tokens, not shorter than --max_length {max_length}")
+        raise UsageError(f"prompt is {len(prompt_ids)} tokens, not shorter than --max_length {max_length}")
 
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=max_length, do_sample=False)
@@ -56,6 +77,26 @@ def generate(model_dir: str, prompt: str, max_length: int, chat: bool = False, e
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Errors are one line (exit 2); a closed stdout or stderr pipe (`... | head -c 20`) ends it quietly (exit 141)."""
+    try:
+        try:
+            code = _main(argv)
+        except SystemExit:
+            sys.stdout.flush()  # --help into a closed pipe fails here, inside the handler
+            raise
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                os.dup2(devnull, stream.fileno())
+            except (OSError, ValueError):
+                pass
+        return EXIT_CLOSED_PIPE
+
+
+def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dir", help="folder with genai_config.json and the ONNX model")
     ap.add_argument("--prompt", default="Hello")
@@ -66,7 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--print_ids", action="store_true", help="print the generated token ids after the text")
     args = ap.parse_args(argv)
     start = time.perf_counter()
-    ids = generate(args.model_dir, args.prompt, args.max_length, args.chat, args.execution_provider)
+    try:
+        ids = generate(args.model_dir, args.prompt, args.max_length, args.chat, args.execution_provider)
+    except UsageError as exc:
+        print(" ".join(f"error: {exc}".split())[:MAX_LINE], file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        print(f'error: needs the Python package {exc.name}, which is not installed: pip install -e . (from the '
+              'repository root)', file=sys.stderr)
+        return 2
     seconds = time.perf_counter() - start
     print()
     if args.print_ids:

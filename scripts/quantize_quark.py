@@ -26,6 +26,8 @@ if str(REPO_ROOT) not in sys.path:  # run as a plain script from a checkout
     sys.path.insert(0, str(REPO_ROOT))
 
 from builder import calib_text  # noqa: E402  (torch-free)
+from builder.cli_text import (MAX_LINE, clip, missing_package_text, require,  # noqa: E402
+                              run_quietly_on_closed_pipe)
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -390,10 +392,14 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    missing = require(("torch", "quark", "transformers"), "scripts/quantize_quark.py")
+    if missing:  # before any work: name the pip extra, not "stage 1 failed: ModuleNotFoundError"
+        print(f"error: {missing}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         plan = validate(args)
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(clip(f"error: {exc}", MAX_LINE), file=sys.stderr)
         return EXIT_USAGE
     model_dir, output_dir = Path(args.model_dir), Path(args.output_dir)
     verify_here = bool(args.onnx_out) and args.execution_provider == "cpu" and not args.no_verify
@@ -432,7 +438,14 @@ def main(argv=None) -> int:
         elif args.onnx_out:
             print(f"  verify on the target machine: python -m builder verify {args.onnx_out} --reference {output_dir}")
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(clip(f"error: {exc}", MAX_LINE), file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        raise  # the reader of our output went away: run_quietly_on_closed_pipe ends quietly
+    except ModuleNotFoundError as exc:
+        if args.debug:
+            raise
+        print(f"error: {missing_package_text(exc.name or '', 'scripts/quantize_quark.py')}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:  # one line for users; --debug for the traceback
         if args.debug:
@@ -447,4 +460,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_quietly_on_closed_pipe(main))

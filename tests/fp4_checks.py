@@ -1,5 +1,5 @@
 """FP4 (MXFP4 / NVFP4) test helpers shared by test_mxfp4_model.py and test_nvfp4_model.py: the decoder of the
-lossless FP4 re-encodings (8-bit MatMulNBits, or dense W.T) and the bit-exact weight check against Quark and the
+lossless FP4 re-encodings (8-bit MatMulNBits, dense W.T, or the checkpoint's bytes in MatMulMxfp4/MatMulNvfp4) and the bit-exact weight check against Quark and the
 independent decoder."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from independent_decode import dequantize_export
+from custom_ops import reference as ref
 from onnx import numpy_helper
 from onnx_helpers import matmul_nbits_nodes, onnx_layer_name
 
@@ -25,6 +26,13 @@ def matmul_nbits_weights(model_dir: Path) -> dict[str, np.ndarray]:
         s = arrays[node.input[2]].astype(np.float32).reshape(n, -1, 1)
         layer = node.name.rsplit("/", 1)[0]
         out[layer] = ((b.astype(np.float32) - 128.0) * s).reshape(n, k)
+    arrays = {init.name: init for init in model.graph.initializer}
+    for node in model.graph.node:  # fp4_linear=compact (CPU default): the checkpoint's bytes, decoded by numpy
+        if node.domain == "com.quark_onnx" and node.op_type in ("MatMulMxfp4", "MatMulNvfp4"):
+            b, bs, *s2 = (numpy_helper.to_array(arrays[i], base_dir=str(model_dir)) for i in node.input[1:])
+            w = (ref.dequantize_mxfp4(b, bs) if node.op_type == "MatMulMxfp4"
+                 else ref.dequantize_nvfp4(b, bs.view(np.uint8), s2[0]))
+            out[node.name.rsplit("/", 1)[0]] = w.astype(np.float32)
     for init in model.graph.initializer:   # fp4_linear=dense: W.T stored as is
         if init.name.endswith(".weight_dequantized.T"):
             module = init.name[: -len(".weight_dequantized.T")]

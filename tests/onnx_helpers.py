@@ -2,6 +2,8 @@
 MatMulNBits weights decoded back to float, op counts. Shared by every end-to-end test module."""
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import numpy as np
@@ -25,14 +27,36 @@ def build(export: Path, out: Path, ep: str = "cpu", precision: str | None = "fp3
     return out
 
 
+def shipped_library(model_dir: Path) -> str | None:
+    """The custom-op library genai_config names (copied into the model folder by the converter), or None."""
+    cfg_file = model_dir / "genai_config.json"
+    if not cfg_file.exists():
+        return None
+    name = json.loads(cfg_file.read_text())["model"]["decoder"].get("session_options", {}).get("custom_ops_library")
+    return str(model_dir / name) if name else None
+
+
+def cpu_library_has_kernel(op: str) -> bool:
+    """Whether the custom-op library the converter finds (custom_ops/build/ort) has op's CPU kernel: the cpu EP's
+    default is then the compact form of op (builder/compact_forms.py missing_kernels), else the dense fp32 form."""
+    import ctypes
+
+    from builder.custom_ops_library import OP_SYMBOLS
+    from custom_ops import ort_library
+    path, _ = ort_library.available()
+    return path is not None and hasattr(ctypes.CDLL(str(path)), OP_SYMBOLS[op])
+
+
 def prompt_logits(model_dir: Path, input_ids: np.ndarray, session_config: dict | None = None,
                   custom_ops_library: str | None = None, profile_nodes: list | None = None) -> np.ndarray:
-    """Logits of the whole prompt in one run with an empty KV cache (CPU EP), optionally with a custom-op library
-    registered; `profile_nodes` (a list) receives the profiled (op, provider) pairs."""
+    """Logits of the whole prompt in one run with an empty KV cache (CPU EP), with the custom-op library the output
+    ships registered (custom_ops_library="" for none; a path for another); `profile_nodes` (a list) receives the profiled (op, provider) pairs."""
     so = ort.SessionOptions()
     so.log_severity_level = 3
     for key, value in (session_config or {}).items():
         so.add_session_config_entry(key, value)
+    if custom_ops_library is None:  # the library the output ships (the cpu EP's compact default), as og loads it
+        custom_ops_library = shipped_library(model_dir)
     if custom_ops_library:
         so.register_custom_ops_library(custom_ops_library)
     if profile_nodes is not None:

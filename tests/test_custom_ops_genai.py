@@ -51,7 +51,7 @@ def test_genai_runs_kernels_and_matches_function_fallback(quark_exports, ort_ops
     export = quark_exports("llama_h64", recipe)
     ref = np.load(export / "reference.npz")
     with_lib = build(export, tmp_path / "lib", custom_ops_library=ort_ops_library, **options)
-    fallback = build(export, tmp_path / "fn", **options)
+    fallback = build(export, tmp_path / "fn", custom_ops_library="none", **options)
     count = op_types(with_lib).get(op, 0)
     assert count == (nodes or count) and count >= LINEARS - 1, op_types(with_lib)
     config = json.loads((with_lib / "genai_config.json").read_text())

@@ -92,7 +92,9 @@ def test_fp16_io_matches_quark(quark_exports, tmp_path):
 def test_graph_layout(quark_exports, tmp_path, ep, precision, extra):
     ops = op_types(build(quark_exports("deepseek_v3", "uint4_g32"), tmp_path / "onnx", ep, precision, **extra))
     assert ops["GroupQueryAttention"] == LAYERS
-    assert ops["TopK"] == 3 * MOE_LAYERS  # group top-2, top groups, top experts
+    gather = ep != "cpu"  # the GPU EPs: the routed standard-op form (builder/ops/routed_experts.py)
+    # group top-2, top groups, top experts (+ the routed form's TopK of the dense weights)
+    assert ops["TopK"] == (4 if gather else 3) * MOE_LAYERS
     # per layer q_a, q_b, kv_a, kv_b, o_proj (float in Quark's template); routers; lm_head
     # (on cpu fp32 the lm_head is a Gemm on the row-order weight: builder/quant/float_linear.py)
     assert ops["MatMul"] + ops.get("Gemm", 0) == 5 * LAYERS + MOE_LAYERS + 1
@@ -100,6 +102,9 @@ def test_graph_layout(quark_exports, tmp_path, ep, precision, extra):
     dense_mlp = (LAYERS - MOE_LAYERS) * 2  # gate/up fused + down
     if ep == "cpu" and not extra:  # routed experts in QMoE; shared expert gate/up fused + down
         assert ops["QMoE"] == MOE_LAYERS
+        assert ops["MatMulNBits"] == dense_mlp + MOE_LAYERS * 2
+    elif gather:  # experts inside one If per layer; shared expert gate/up fused + down
+        assert "QMoE" not in ops and ops["If"] == MOE_LAYERS
         assert ops["MatMulNBits"] == dense_mlp + MOE_LAYERS * 2
     else:  # every expert's and the shared expert's gate/up fused, one down_proj per expert + the shared one
         assert "QMoE" not in ops

@@ -73,7 +73,7 @@ def test_custom_op_form_refused_on_migraphx(quark_exports, tmp_path, capsys):
 @pytest.mark.parametrize("library,expect", [(None, "its ONNX function"), ("lib", "the CPU kernel of")])
 def test_inspect_names_the_kernel(quark_exports, ort_ops_library, capsys, library, expect):
     export = quark_exports("llama_h64", "ptpc_fp8")
-    extra = ["fp8_linear=custom_op"] + ([f"custom_ops_library={ort_ops_library}"] if library else [])
+    extra = ["fp8_linear=custom_op", f"custom_ops_library={ort_ops_library if library else 'none'}"]
     assert cli_main(["inspect", "-i", str(export / "quark"), "-e", "cpu", "--extra_options", *extra]) == 0
     out = capsys.readouterr().out
     assert f"note: com.quark_onnx.MatMulFp8W8A8Dyn x14 on cpu: {expect}" in out, out

@@ -92,22 +92,38 @@ def test_graph_has_sinks_windows_and_qmoe_attributes(exports, tmp_path):
 
 
 @pytest.mark.parametrize("recipe", ["uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8"])
-def test_cuda_gets_the_dense_form(exports, tmp_path, recipe):
-    """Built and passing CUDA's static rules (not run on a GPU here)."""
+def test_cuda_gets_the_routed_standard_op_form(exports, tmp_path, recipe):
+    """Built and passing CUDA's static rules (not run on a GPU here): one If per layer (builder/ops/routed_experts.py)."""
     ops = op_types(build(exports[("gpt_oss", recipe)], tmp_path / "onnx", "cuda", "fp16"))
     assert "QMoE" not in ops and ops["TopK"] == LAYERS and ops["GroupQueryAttention"] == LAYERS
+    assert ops["If"] == LAYERS
 
 
-@pytest.mark.parametrize("ep", ["migraphx", "rocm"])
-def test_migraphx_is_refused_for_the_sinks(exports, tmp_path, ep):
-    """At plan time (EPConfig.gqa_head_sink), before any tensor is converted; nothing written."""
-    from builder.convert import plan_model
-    with pytest.raises(ConversionError, match="head_sink input, which this EP does not read") as err:
-        plan_model(exports[("gpt_oss", "uint4_g32")] / "quark", ep, "fp16")
-    assert f"--execution_provider='{ep}'" in str(err.value)
-    with pytest.raises(ConversionError, match="head_sink"):
-        build(exports[("gpt_oss", "uint4_g32")], tmp_path / "onnx", ep, "fp16")
-    assert not (tmp_path / "onnx").exists()
+AMD_CASES = [(s, r, ep) for s, r in (("gpt_oss", "uint4_g32"), ("gpt_oss", "mxfp4"), ("gpt_oss_yarn", "mxfp4"))
+             for ep in ("migraphx", "rocm")]
+
+
+@pytest.mark.parametrize("shape,recipe,ep", AMD_CASES, ids=[f"{s}-{r}-{e}" for s, r, e in AMD_CASES])
+def test_amd_eps_run_sinks_and_windows_in_explicit_attention(exports, tmp_path, shape, recipe, ep):
+    """rocm/migraphx: no GroupQueryAttention (MIGraphX's has no head_sink), the explicit subgraph of
+    builder/ops/sink_attention.py with the routed standard-op MoE; the fp32 graph run on ORT CPU (logits and og
+    greedy with the cache as genai feeds it: past_present_share_buffer false) against Quark's model, and the
+    MIGraphX parser rules (builder/ep_rules.py) pass on the fp16 graph."""
+    from builder.ep_check import check_findings
+    from builder.ep_configs import get_ep
+    from test_migraphx_forms import CPU_DQ_EXACT, cpu_provider_copy
+    export = exports[(shape, recipe)]
+    ref = np.load(export / "reference.npz")
+    out = build(export, tmp_path / "onnx", ep, "fp32")
+    ops = op_types(out)
+    assert "GroupQueryAttention" not in ops and ops["Softmax"] == 2 * LAYERS and ops["If"] == LAYERS
+    diff = float(np.abs(prompt_logits(out, ref["input_ids"], CPU_DQ_EXACT) - ref["logits"]).max())
+    assert diff <= LOGIT_TOL, diff  # measured 6.0e-7 (MXFP4), 7.2e-7 (uint4)
+    cfg = json.loads((out / "genai_config.json").read_text())
+    assert cfg["search"]["past_present_share_buffer"] is False
+    assert genai_greedy(cpu_provider_copy(out, tmp_path / "on_cpu"), ref["input_ids"]) == ref["greedy"].tolist()
+    fp16 = build(export, tmp_path / "fp16", ep, "fp16")
+    assert [f for f in check_findings(fp16 / "model.onnx", get_ep("migraphx")) if f.severity == "error"] == []
 
 
 def test_separate_gate_up_layout_is_refused(exports, tmp_path):

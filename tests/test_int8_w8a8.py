@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import onnxruntime as ort
 import pytest
-from onnx_helpers import op_types
+from onnx_helpers import cpu_library_has_kernel, op_types
 from w8a8_emulation import TOL_VS_EMULATION, cpu_vs_references
 
 from builder.convert import convert
@@ -31,10 +31,12 @@ def test_int8_cpu_matches_quark_emulation(export, tmp_path):
 
 @pytest.mark.parametrize("ep,dq", [("cpu", 14), ("cuda", 28), ("migraphx", 28)])
 def test_int8_emitted_ops(export, ep, dq, tmp_path):
-    """GPU EPs: Q/DQ activation + DQ weight (28 DQ); CPU: Q/DQ activation only, weights fp32 initializers."""
+    """GPU EPs: Q/DQ activation + DQ weight (28 DQ); CPU: Q/DQ activation only, MatMulInt8 on the int8 weights (fp32 weights with a library without its kernel)."""
     convert(export / "quark", tmp_path / ep, ep, log=lambda m: None)
     ops = op_types(tmp_path / ep)
     assert ops["QuantizeLinear"] == 14 and ops["DequantizeLinear"] == dq and "GroupQueryAttention" in ops
+    compact = ep == "cpu" and cpu_library_has_kernel("MatMulInt8")  # the compact default: the checkpoint's bytes
+    assert ops.get("MatMulInt8", 0) == (14 if compact else 0)
 
 
 INTEGER_GEMMS = ("MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QLinearMatMul", "MatMulInteger")

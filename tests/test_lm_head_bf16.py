@@ -79,11 +79,12 @@ def _ctypes_matmul(lib_path: str, a: np.ndarray, bits: np.ndarray) -> np.ndarray
 
 
 def test_same_bits_on_every_instruction_set_and_every_row_count(ort_ops_library, tmp_path):
-    """The fixed summation order (custom_ops/src/qo_cpu_kernels.c): the library (AVX-512 / AVX2 clones picked at load
-    on x86) gives the same bits as a build with no SIMD clones (baseline x86-64: SSE2) and as one for the build
-    machine's own ISA, and a row's result does not depend on how many rows are computed with it."""
+    """The fixed summation order (custom_ops/src/qo_kernels.h: 8 lanes of fmaf, folded pairwise): the library (its
+    AVX2+FMA path, picked at run time on x86) gives the same bits as a build with no SIMD dispatch (-DQO_NO_CLONES:
+    the portable C path, baseline x86-64) and as that build for the build machine's own ISA (fmaf inlined), and a
+    row's result does not depend on how many rows are computed with it (GEMV for M <= 4, register tiles above)."""
     rng = np.random.default_rng(2)
-    k, n = 200, 77  # K % 16 != 0: the tail lanes too
+    k, n = 200, 77  # K % 32 != 0: the 8-element steps after the 32-element ones
     bits = bf16_weight(rng, n, k).view(np.uint16)
     a = (rng.standard_normal((6, k)) * np.logspace(-3, 3, k)).astype(np.float32)  # wide range: rounding matters
     y = _ctypes_matmul(ort_ops_library, a, bits)
@@ -102,7 +103,7 @@ def test_same_bits_on_every_instruction_set_and_every_row_count(ort_ops_library,
 def test_bf16_lm_head_model(ort_ops_library, tmp_path):
     export = EXAMPLE
     reference = np.load(export / "reference.npz")
-    plain = build(export, tmp_path / "float", "cpu", "fp32", accuracy_level=1)
+    plain = build(export, tmp_path / "float", "cpu", "fp32", accuracy_level=1, lm_head="float")
     out = build(export, tmp_path / "bf16", "cpu", "fp32", accuracy_level=1, lm_head="bf16",
                 custom_ops_library=ort_ops_library)
     assert op_types(out).get("MatMulBf16") == 1 and op_types(out).get("Gemm", 0) == 0
@@ -176,7 +177,7 @@ def _initializer_users(model_dir: Path) -> dict[str, list[str]]:
 
 def test_bf16_embedding_and_tied_lm_head_share_one_table(ort_ops_library, tmp_path):
     src = _tied_example(tmp_path)
-    plain = build(src, tmp_path / "float", "cpu", "fp32", accuracy_level=1)
+    plain = build(src, tmp_path / "float", "cpu", "fp32", accuracy_level=1, lm_head="float", embedding="float")
     out = build(src, tmp_path / "bf16", "cpu", "fp32", accuracy_level=1, lm_head="bf16", embedding="bf16",
                 custom_ops_library=ort_ops_library)
     # float: the tied lm_head is the embedding's own fp32 initializer (Gather + Gemm); bf16: one bf16 table for both

@@ -8,7 +8,7 @@ test_int_weight_models.py (SHAPE_RECIPES). Here:
   transformers' own MixtralForCausalLM (reference.npz float_logits, made before Quark touched the model);
 - fp16 io (router softmax in fp32 as transformers does) against Quark's model;
 - the dense form (--extra_options moe=dense) against Quark's model too, so the fallback stays exact;
-- graph layout: QMoE per layer on cpu; dense on cuda/migraphx and with moe=dense (all experts' gate/up in one
+- graph layout: QMoE per layer on cpu; dense with moe=dense (all experts' gate/up in one
   MatMulNBits, one down_proj per expert, TopK routing);
 - MXFP4 and FP8 W8A8 experts (dense form) against Quark's model;
 - refusals: non-SiLU experts, top-k larger than the expert count.
@@ -85,7 +85,8 @@ def test_routed_qmoe_graph_on_cpu(quark_exports, tmp_path, recipe):
     assert "TopK" not in ops and "ScatterElements" not in ops
 
 
-@pytest.mark.parametrize("ep,extra", [("cpu", {"moe": "dense"}), ("cuda", {}), ("migraphx", {})])
+@pytest.mark.parametrize("ep,extra", [("cpu", {"moe": "dense"}), ("cuda", {"moe": "dense"}),
+                                      ("migraphx", {"moe": "dense"})])
 def test_dense_moe_graph_layout(export, tmp_path, ep, extra):
     ops = op_types(build(export, tmp_path / "onnx", ep, "fp16" if ep != "cpu" else "fp32", **extra))
     assert "QMoE" not in ops

@@ -33,7 +33,8 @@ def test_mxfp4_cpu_matches_quark(mxfp4_export, tmp_path):
     logits = prompt_logits(out, ref["input_ids"])
     assert np.abs(logits - ref["logits"]).max() < LOGIT_TOL
     assert genai_greedy(out, ref["input_ids"]) == ref["greedy"].tolist()
-    assert check_weights_bit_exact(mxfp4_export, out) == 14          # CPU default: dense fp32 weights
+    assert check_weights_bit_exact(mxfp4_export, out) == 14          # CPU default: the checkpoint's bytes
+    assert op_types(out).get("MatMulMxfp4") == 14
 
 
 def test_mxfp4_matmul_nbits8_lossless(mxfp4_export, tmp_path):

@@ -6,7 +6,7 @@ import onnx
 import pytest
 
 from fp4_checks import LOGIT_TOL, check_weights_bit_exact
-from onnx_helpers import build, genai_greedy, op_types, prompt_logits
+from onnx_helpers import build, cpu_library_has_kernel, genai_greedy, op_types, prompt_logits
 
 QUARK_EXPORTS = [("llama_h64", "nvfp4")]
 
@@ -23,6 +23,7 @@ def test_nvfp4_cpu_matches_quark(nvfp4_export, tmp_path):
     assert np.abs(logits - ref["logits"]).max() < LOGIT_TOL
     assert genai_greedy(out, ref["input_ids"]) == ref["greedy"].tolist()
     assert check_weights_bit_exact(nvfp4_export, out) == 14
+    assert op_types(out).get("MatMulNvfp4", 0) == (14 if cpu_library_has_kernel("MatMulNvfp4") else 0)
     nbits = build(nvfp4_export, tmp_path / "n", fp4_linear="matmul_nbits8", accuracy_level=1)
     assert check_weights_bit_exact(nvfp4_export, nbits) == 14
     assert np.abs(prompt_logits(nbits, ref["input_ids"]) - ref["logits"]).max() < LOGIT_TOL

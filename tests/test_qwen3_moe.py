@@ -113,18 +113,21 @@ GPU_CASES = [("qwen3_moe", r) for r in ("uint4_g32", "int4_per_channel", "int8_w
 
 @pytest.mark.parametrize("ep", ["cuda", "migraphx"])
 @pytest.mark.parametrize("shape,recipe", GPU_CASES, ids=[f"{s}-{r}" for s, r in GPU_CASES])
-def test_gpu_eps_get_the_dense_form(exports, tmp_path, ep, shape, recipe):
-    """Built and passing the EP's static rules (not run on a GPU here): the dense form, no QMoE."""
+def test_gpu_eps_get_the_routed_standard_op_form(exports, tmp_path, ep, shape, recipe):
+    """Built and passing the EP's static rules (not run on a GPU here): no QMoE, one If per sparse layer
+    (builder/ops/routed_experts.py; tests/test_moe_routed.py runs these graphs on ORT CPU)."""
     ops = op_types(build(exports[(shape, recipe)], tmp_path / "onnx", ep, "fp16"))
-    assert "QMoE" not in ops and ops["TopK"] == SPARSE_LAYERS[shape]
+    assert "QMoE" not in ops and ops["TopK"] == ops["If"] == SPARSE_LAYERS[shape]
 
 
 @pytest.mark.parametrize("recipe,ep,extra,note", [
     ("uint4_g32", "cpu", {}, "MoE: 2 sparse layer(s) as one com.microsoft QMoE each (routed, 4-bit experts, "
                              "block_size 32)"),
     ("uint4_g32", "cpu", {"moe": "dense"}, "because of --extra_options moe=dense"),
-    ("uint4_g32", "cuda", {}, "because of the cuda EP"),
-    ("mxfp4", "cpu", {}, "because of experts not all 4-bit integer weight-only"),
+    ("uint4_g32", "cuda", {}, "2 sparse layer(s) routed in standard ops"),
+    ("uint4_g32", "cpu", {"moe": "gather"}, "2 sparse layer(s) routed in standard ops"),
+    ("mxfp4", "cpu", {}, "2 sparse layer(s) routed in standard ops"),
+    ("uint4_g32_expert3_excluded", "cpu", {}, "because of experts whose schemes do not stack"),
 ])
 def test_plan_says_which_moe_form(exports, recipe, ep, extra, note):
     from builder.convert import plan_model

@@ -5,7 +5,8 @@ Per layer:
                     per-head K/V in GroupQueryAttention and its cache) ─► o_proj ─► +residual
       ─► RMSNorm ─► layers < first_k_dense_replace: SiLU MLP (mlp.gate/up/down_proj)
                     else: grouped sigmoid top-k routing (builder/ops/grouped_topk_router.py) over the routed
-                    experts: one QMoE on CPU for 4-bit integer experts (builder/ops/grouped_qmoe.py), else every
+                    experts: one QMoE on CPU for 4-bit integer experts (builder/ops/grouped_qmoe.py), else routed in
+                    standard ops (builder/ops/routed_experts.py); moe=dense: every
                     expert computed and weighted (exact; zero weight for the experts not chosen); plus the shared
                     experts' SiLU MLP ─► +residual
 Tensor names (amd-quark 0.13 exports from transformers 5, whose preprocess_for_quantization makes one nn.Linear per
@@ -31,7 +32,8 @@ from ..ops.mla_attention import mla_attention, rope_values
 from ..ops.grouped_qmoe import routed_qmoe
 from ..ops.grouped_topk_router import grouped_topk_weights
 from ..ops.mlp import silu_mlp
-from ..ops.moe import routed_block_size
+from ..ops import routed_experts
+from ..ops.moe import expert_form
 from ..ops.norm import rms_norm, skip_rms_norm
 from ..ops.rotary import cos_sin_caches, yarn_mscale
 from ..quant.fp8_w8a8 import scalar_scale
@@ -298,14 +300,15 @@ def build_graph(ctx, hp: DeepseekHyper, plans: dict, attention: MlaPlan) -> None
         norm_w = "model.norm.weight" if last else f"model.layers.{i + 1}.input_layernorm.weight"
         norm_name = "/model/norm/SkipLayerNorm" if last else f"/model/layers.{i + 1}/input_layernorm/SkipLayerNorm"
         x, residual = skip_rms_norm(ctx, mlp_out, residual, norm_w, hp.rms_norm_eps, norm_name)
-    llama.logits_output(ctx, hp, emit_linear(ctx, plans["lm_head"], x))
+    llama.logits_output(ctx, hp, emit_linear(ctx, plans["lm_head"], llama.lm_head_input(ctx, x)))
 
 
 def moe_block(ctx, i: int, x: str, plans: dict, hp: DeepseekHyper) -> str:
     """Routed experts weighted by the grouped top-k weights, plus the shared experts. On CPU with 4-bit integer
-    experts: one QMoE computing only the chosen experts (builder/ops/grouped_qmoe.py); elsewhere, or with
-    --extra_options moe=dense, every expert computed and weighted (exact: the others weigh 0), every expert's
-    gate/up (and the shared experts') in one matmul where their schemes agree."""
+    experts: one QMoE computing only the chosen experts (builder/ops/grouped_qmoe.py); elsewhere the routed form in
+    standard ops (builder/ops/routed_experts.py, TopK of the dense weights); mixed experts or --extra_options
+    moe=dense: every expert computed and weighted (exact: the others weigh 0), every expert's gate/up (and the shared
+    experts') in one matmul where their schemes agree."""
     g = ctx.graph
     name, prefix = MLP.format(i=i), f"/model/layers.{i}/moe"
     weights = grouped_topk_weights(ctx, x, ROUTER.format(i=i), ROUTER_BIAS.format(i=i), hp, name, prefix)
@@ -313,9 +316,15 @@ def moe_block(ctx, i: int, x: str, plans: dict, hp: DeepseekHyper) -> str:
         weights = g.op("Cast", [weights], f"{prefix}/router/CastBack", to=ctx.io_type)
     experts = [tuple(plans[n] for n in expert_linears(hp, i, e)) for e in range(hp.num_experts)]
     shared = tuple(plans[n] for n in shared_linears(hp, i)) if hp.n_shared_experts else None
-    bs = routed_block_size(ctx, experts)  # CPU, moe=routed (default), 4-bit integer experts of one format
-    if bs is not None:
-        routed = routed_qmoe(ctx, x, weights, experts, hp.experts_per_token, name, prefix, bs)
+    form, bs = expert_form(ctx, experts)  # moe=routed (default): QMoE on CPU for 4-bit integer experts of one
+    if form != "dense":                   # format, else the standard-op routed form (ops/routed_experts.py)
+        if form == "qmoe":
+            routed = routed_qmoe(ctx, x, weights, experts, hp.experts_per_token, name, prefix, bs)
+        else:
+            routing = routed_experts.routing_from_dense(ctx, weights, hp.experts_per_token, hp.num_experts, name,
+                                                        prefix)
+            routed = routed_experts.emit_routed_experts(ctx, x, routing, experts, routed_experts.silu_activation,
+                                                        hp.experts_per_token, name, prefix)
         if shared is None:
             return routed
         shared_out = silu_mlp(ctx, x, *shared, f"{prefix}/shared_experts")

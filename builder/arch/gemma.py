@@ -171,7 +171,7 @@ def build_graph(ctx, hp: DecoderHyper, plans: dict, attention) -> None:
         norm_w = "model.norm.weight" if last else f"model.layers.{i + 1}.input_layernorm.weight"
         norm_name = "/model/norm/SkipLayerNorm" if last else f"/model/layers.{i + 1}/input_layernorm/SkipLayerNorm"
         x, residual = skip_rms_norm(ctx, mlp_out, residual, norm_w, eps, norm_name, off)
-    logits = emit_linear(ctx, plans["lm_head"], x)
+    logits = emit_linear(ctx, plans["lm_head"], llama.lm_head_input(ctx, x))
     if hp.final_logit_softcap:
         cap = g.initializer("/lm_head/softcap", np.asarray(hp.final_logit_softcap, dtype=ctx.io_np))
         t = g.op("Tanh", [g.op("Div", [logits, cap], "/lm_head/softcap/Div")], "/lm_head/softcap/Tanh")

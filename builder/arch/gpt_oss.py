@@ -28,6 +28,7 @@ from ..checkpoint import Checkpoint
 from ..errors import ConversionError
 from ..ops.moe import check_expert_plans, form_note
 from ..ops.moe_clamped_swiglu import emit_moe
+from ..ops.sink_attention import SinkAttention
 from . import llama
 from .base import DecoderHyper, _windowed_layers
 
@@ -103,10 +104,6 @@ def float_tensors(hp: GptOssHyper) -> list[tuple[str, tuple[int, ...]]]:
 
 def check_plans(model_plan) -> None:
     hp, plans, config_file = model_plan.hp, model_plan.linears, str(model_plan.source / "config.json")
-    if not model_plan.ep.gqa_head_sink:  # refused before anything is emitted (rule migraphx-gqa-inputs after)
-        raise ConversionError("gpt-oss attention sinks need GroupQueryAttention's head_sink input, which this EP "
-                              "does not read", file=config_file, layer=f"model.layers.0.{SINKS}",
-                              field="--execution_provider", value=model_plan.ep.name, accepted="cpu, cuda")
     check_expert_plans(plans, [n for i in range(hp.num_layers) for e in range(hp.num_experts)
                                for n in hp.expert_linears(i, e)], config_file)
     for i in range(hp.num_layers):
@@ -124,15 +121,27 @@ def check_plans(model_plan) -> None:
 
 def plan_notes(model_plan) -> list[str]:
     hp, plans = model_plan.hp, model_plan.linears
-    return [form_note(model_plan, {i: [tuple(plans[n] for n in hp.expert_linears(i, e)) for e in range(hp.num_experts)]
+    notes = []
+    if not model_plan.ep.gqa_head_sink:  # default_attention emits the explicit subgraph: present = Concat(past, new)
+        model_plan.search_extras["past_present_share_buffer"] = False
+        notes.append(f"attention sinks on {model_plan.ep.name}: explicit MatMul/Softmax subgraph with the sink column "
+                     "and per-layer sliding-window masks (its GroupQueryAttention has no head_sink input); genai "
+                     "past_present_share_buffer=false")
+    return notes + [form_note(model_plan, {i: [tuple(plans[n] for n in hp.expert_linears(i, e)) for e in range(hp.num_experts)]
                                    for i in range(hp.num_layers)}, biases=True)]
 
 
 def default_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp) -> str:
-    """GroupQueryAttention with the layer's sinks as head_sink (input 11, after position_ids and attention_bias)."""
+    """GroupQueryAttention with the layer's sinks as head_sink (input 11, after position_ids and attention_bias);
+    on an EP whose GroupQueryAttention has no head_sink (MIGraphX), the explicit subgraph of ops/sink_attention.py."""
+    if not ctx.ep.gqa_head_sink:
+        return _SINK_ATTENTION(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp)
     sinks = ctx.float_initializer(f"model.layers.{i}.{SINKS}", f"model.layers.{i}.{SINKS}")
     return llama.default_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp,
                                    extra_inputs=["", "", sinks])
+
+
+_SINK_ATTENTION = SinkAttention(lambda i: f"model.layers.{i}.{SINKS}")
 
 
 def build_graph(ctx, hp: GptOssHyper, plans: dict, attention) -> None:

@@ -76,9 +76,41 @@ def decoder_inputs(ctx, attention) -> DecoderIO:
     return DecoderIO(input_ids, seqlens, total_len, getattr(attention, "cache_elem_type", None) or ctx.io_type)
 
 
+PREFILL_LOGITS_FORMS = ("all", "last")  # --extra_options prefill_logits
+
+
+def last_position_only(ctx) -> bool:
+    return ctx.options.extra.get("prefill_logits", "all") == "last"
+
+
+def lm_head_input(ctx, x: str) -> str:
+    """prefill_logits=last: the final hidden state at each sequence's last valid position only, [B, 1, H], so that
+    a prompt's lm_head is one row per sequence instead of one per token. onnxruntime-genai reads such a model: it
+    treats a logits output whose declared dim 1 is 1 as "pruned" (src/models/model.cpp Model::IsPruned) and then
+    takes those logits as the last token's (src/models/logits.cpp, trimmed_prefill_logits_), microsoft/
+    onnxruntime-genai a0c04eb. The position is sum(attention_mask) - 1 - past length, so right-padded rows of a batch
+    pick their own last token (og's non-pruned path finds it the same way, skipping pad tokens from the end)."""
+    if not last_position_only(ctx):
+        return x
+    g = ctx.graph
+    p = "/lm_head/last_position"
+    valid = g.op("ReduceSum", ["attention_mask", g.const_i64(f"{p}/axes", [1])], f"{p}/ReduceSum", keepdims=1)
+    total = g.op("Shape", ["attention_mask"], f"{p}/Shape_total", start=1, end=2)
+    chunk = g.op("Shape", ["input_ids"], f"{p}/Shape_chunk", start=1, end=2)
+    past = g.op("Sub", [total, chunk], f"{p}/Sub_past")
+    last = g.op("Sub", [g.op("Sub", [valid, g.const_i64(f"{p}/one", [1])], f"{p}/Sub_one"), past], f"{p}/Sub")
+    last = g.op("Max", [last, g.const_i64(f"{p}/zero", [0])], f"{p}/Max")                    # [B, 1]
+    index = g.op("Unsqueeze", [last, g.const_i64(f"{p}/unsqueeze_axes", [2])], f"{p}/Unsqueeze")  # [B, 1, 1]
+    shape = g.op("Concat", [g.op("Shape", [index], f"{p}/Shape_index", start=0, end=2),
+                            g.op("Shape", [x], f"{p}/Shape_hidden", start=2, end=3)], f"{p}/Concat", axis=0)
+    index = g.op("Expand", [index, shape], f"{p}/Expand")                                        # [B, 1, H]
+    return g.op("GatherElements", [x, index], f"{p}/GatherElements", axis=1)
+
+
 def logits_output(ctx, hp: DecoderHyper, logits: str) -> None:
     ctx.graph.node("Identity", [logits], "/lm_head/logits", outputs=["logits"])
-    ctx.graph.output("logits", ctx.io_type, ["batch_size", "sequence_length", hp.vocab_size])
+    positions = 1 if last_position_only(ctx) else "sequence_length"
+    ctx.graph.output("logits", ctx.io_type, ["batch_size", positions, hp.vocab_size])
 
 
 def build_graph(ctx, hp: DecoderHyper, plans: dict, attention, *, project_qkv=None, mlp=None,
@@ -110,7 +142,7 @@ def build_graph(ctx, hp: DecoderHyper, plans: dict, attention, *, project_qkv=No
         norm_w = "model.norm.weight" if last else f"model.layers.{i + 1}.input_layernorm.weight"
         norm_name = "/model/norm/SkipLayerNorm" if last else f"/model/layers.{i + 1}/input_layernorm/SkipLayerNorm"
         x, residual = skip_rms_norm(ctx, mlp_out, residual, norm_w, hp.rms_norm_eps, norm_name)
-    logits_output(ctx, hp, emit_linear(ctx, plans["lm_head"], x))
+    logits_output(ctx, hp, emit_linear(ctx, plans["lm_head"], lm_head_input(ctx, x)))
 
 
 def llama_qkv(ctx, i: int, x: str, plans: dict, hp: DecoderHyper) -> tuple[str, str, str]:

@@ -14,7 +14,7 @@ Not read: Quark run without that preprocess leaves the experts float and fused (
 
 Per layer:
     x ─► RMSNorm ─► q/k/v_proj ─► GQA(rotary, KV cache) ─► o_proj ─► +residual
-      ─► RMSNorm ─► MoE (builder/ops/moe.py: QMoE on CPU for 4-bit experts, else dense) ─► +residual
+      ─► RMSNorm ─► MoE (builder/ops/moe.py: QMoE on CPU for 4-bit experts, else routed in standard ops) ─► +residual
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ Not read: fused float experts (`mlp.experts.gate_up_proj [E, 2I, hidden]`, Quark
 plan then fails naming the missing per-expert tensor.
 
 Per sparse layer:
-    x ─► MoE (builder/ops/moe.py: QMoE on CPU for 4-bit experts, else every expert weighted by the routing) ─┐
+    x ─► MoE (builder/ops/moe.py: QMoE on CPU for 4-bit experts, else routed in standard ops) ─┐
     x ─► shared_expert (SiLU MLP) ─► · sigmoid(shared_expert_gate(x)) ──────────────────────────────(Add)───┴─► y
 """
 from __future__ import annotations

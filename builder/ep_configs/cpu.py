@@ -14,11 +14,14 @@ CONFIG = EPConfig(
     # (ort_facts.md). Pass --extra_options accuracy_level=1 for fp32-exact results.
     accuracy_level_4bit=4,
     accuracy_level_8bit=4,
-    fp8_linear="dequantized_weight",
-    # ORT's fused u8s8 integer MatMul saturates int16 pair sums on CPUs without VNNI (quant/int8_w8a8.py): the
-    # default keeps the GEMM in fp32 so that the logits do not depend on the CPU; int8_linear=qdq opts back in.
-    int8_linear="dequantized_weight",
-    fp4_linear="dense",  # exact and fast; 8-bit MatMulNBits is exact only at accuracy_level 1 (17x slower)
+    # Compact default (builder/compact_forms.py): the checkpoint's FP8 / INT8 / FP4 bytes through com.quark_onnx
+    # kernels of the custom-op library the converter finds or builds; without it, the dense fp32 forms of before:
+    # fp8_linear/int8_linear=dequantized_weight (fp32 GEMM; ORT's fused u8s8 integer MatMul saturates int16 pair sums
+    # on CPUs without VNNI, quant/int8_w8a8.py, so int8_linear=qdq is opt-in only) and fp4_linear=dense (8-bit
+    # MatMulNBits is exact only at accuracy_level 1, 17x slower).
+    fp8_linear="compact",
+    int8_linear="compact",
+    fp4_linear="compact",
     custom_ops_backend="cpu",
     constraints=CPU_RULES,
 )

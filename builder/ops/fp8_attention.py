@@ -39,6 +39,8 @@ class SharedAttention:
     cos: str         # [B, S, 1, D/2]
     sin: str
     allowed: str     # bool [B, 1, S, T]: causal and not padding (and inside the sliding window)
+    key_index: str | None = None    # int64 [T]: absolute key positions 0..T-1
+    query_index: str | None = None  # int64 [S, 1]: absolute positions of the new tokens
 
 
 def shared_values(ctx, shared, hp, prefix: str = "/model/fp8_attn") -> SharedAttention:
@@ -79,7 +81,7 @@ def shared_values(ctx, shared, hp, prefix: str = "/model/fp8_attn") -> SharedAtt
     pad = g.op("Unsqueeze", [g.op("Cast", [mask], f"{prefix}/mask_bool", to=9), i64("pad_axes", [1, 2])],
                f"{prefix}/mask_bool/Unsqueeze")                                 # [B, 1, 1, T]
     allowed = g.op("And", [allowed, pad], f"{prefix}/allowed")                 # [B, 1, S, T]
-    return SharedAttention(cos, sin, allowed)
+    return SharedAttention(cos, sin, allowed, k_idx, q_abs)
 
 
 def _rope(ctx, x4: str, sa: SharedAttention, half: int, name: str) -> str:
@@ -94,7 +96,9 @@ def _rope(ctx, x4: str, sa: SharedAttention, half: int, name: str) -> str:
 
 
 def fp8_attention(ctx, i: int, q: str, k: str, v: str, past_k: str, past_v: str, present_k: str, present_v: str,
-                  sa: SharedAttention, hp, scales: LayerScales) -> str:
+                  sa: SharedAttention, hp, scales: LayerScales, sinks: str | None = None) -> str:
+    """sinks: [H] attention-sink logits (gpt-oss; builder/ops/sink_attention.py), appended to every score row
+    before the softmax and dropped after it."""
     g = ctx.graph
     p = f"/model/layers.{i}/attn"
     h, hkv, d = hp.num_heads, hp.num_kv_heads, hp.head_dim
@@ -128,7 +132,12 @@ def fp8_attention(ctx, i: int, q: str, k: str, v: str, past_k: str, past_v: str,
     scores = g.op("Reshape", [scores, shape("scores", [0, h, -1, 0])], f"{p}/scores_heads")   # [B, H, S, T]
     lowest = g.scalar(f"{p}/lowest", float(np.finfo(ctx.io_np).min) if ctx.io != "bf16" else -3.38e38, ctx.io_np)
     scores = g.op("Where", [sa.allowed, scores, lowest], f"{p}/mask/Where")
-    probs = g.op("Softmax", [scores], f"{p}/Softmax", axis=-1)
+    if sinks is not None:
+        from .sink_attention import append_sink_column, drop_sink_column
+        probs = drop_sink_column(ctx, g.op("Softmax", [append_sink_column(ctx, scores, sinks, h, p)],
+                                           f"{p}/Softmax", axis=-1), p)
+    else:
+        probs = g.op("Softmax", [scores], f"{p}/Softmax", axis=-1)
     values = present_v
     if scales.prob is not None:
         probs = qdq_static(ctx, probs, scales.prob, fp8, f"{p}/prob_quant")

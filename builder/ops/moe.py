@@ -12,7 +12,9 @@ all E experts are computed (E/k times the expert FLOPs of a routed kernel), fine
 Routed form (routed_moe, the default where routed_block_size() accepts the experts): one com.microsoft QMoE per layer, which
 computes only the k chosen experts per token. Used on the CPU EP when every expert linear is 4-bit integer weight-only
 (int4/uint4, per_group or per_channel) with one dtype and one MatMulNBits block size that divides hidden and
-intermediate sizes; otherwise (other EPs, 8-bit, float or mixed experts, or --extra_options moe=dense) dense_moe.
+intermediate sizes; otherwise (other EPs, 8-bit, MXFP4, FP8 or float experts) the routed form in standard ops
+(builder/ops/routed_experts.py) where the experts stack, and dense_moe for mixed experts or --extra_options moe=dense
+(expert_form()).
 QMoE on onnxruntime 1.32 CPU, as emitted: activation_type="swiglu", swiglu_fusion=1 (fc1 rows interleaved
 g0,u0,g1,u1...; 0 and 2 are refused on CPU), activation_alpha=1, activation_beta=0, normalize_routing_weights=1,
 router_probs = the raw router logits [tokens, E] (softmax, top-k and renormalization happen inside; the CPU
@@ -35,7 +37,10 @@ from ..quant.int_weight_only import BITS, IntWeightOnly
 from ..errors import ConversionError
 from .linear import emit_linear, emit_linears
 
-MOE_FORMS = ("routed", "dense")  # --extra_options moe=...; routed falls back to dense where it does not apply
+# --extra_options moe=...: routed (default): QMoE where it is exact (CPU, 4-bit integer experts), else the routed
+# standard-op form (ops/routed_experts.py) where the experts stack, else dense; gather: the standard-op form wherever
+# the experts stack (CPU 4-bit included); dense: every expert on every token
+MOE_FORMS = ("routed", "gather", "dense")
 ROUTED_EPS = ("cpu",)
 ROUTED_BITS = (4,)
 
@@ -50,10 +55,11 @@ def router_matmul(ctx, x: str, router, prefix: str) -> str:
     return ctx.graph.op("MatMul", [x, w_t], f"{prefix}/gate/MatMul")
 
 
-def router_weights(ctx, x: str, router_weight, top_k: int, name: str, prefix: str,
-                   normalize: bool = True) -> str:
-    """x [B,S,H] -> dense routing weights [B,S,E] in the io dtype (top-k softmax, renormalized to sum 1 when
-    `normalize`, zeros elsewhere). name: the MoE block's module name, prefix of the constants made here."""
+def router_topk(ctx, x: str, router_weight, top_k: int, name: str, prefix: str,
+                normalize: bool = True) -> tuple[str, str, str]:
+    """x [B,S,H] -> (top-k indices [B,S,k], their mixing weights [B,S,k] in fp32, the dense routing weights [B,S,E]
+    in the io dtype: top-k softmax, renormalized to sum 1 when `normalize`, zeros elsewhere). name: the MoE
+    block's module name, prefix of the constants made here."""
     g = ctx.graph
     logits = router_matmul(ctx, x, router_weight, prefix)
     if ctx.io_type != TensorProto.FLOAT:  # transformers: softmax(router_logits.float())
@@ -71,7 +77,13 @@ def router_weights(ctx, x: str, router_weight, top_k: int, name: str, prefix: st
     dense = g.op("ScatterElements", [zeros, top_idx, norm], f"{prefix}/router/ScatterElements", axis=-1)
     if ctx.io_type != TensorProto.FLOAT:
         dense = g.op("Cast", [dense], f"{prefix}/router/CastBack", to=ctx.io_type)
-    return dense
+    return top_idx, norm, dense
+
+
+def router_weights(ctx, x: str, router_weight, top_k: int, name: str, prefix: str,
+                   normalize: bool = True) -> str:
+    """x [B,S,H] -> dense routing weights [B,S,E] in the io dtype (router_topk)."""
+    return router_topk(ctx, x, router_weight, top_k, name, prefix, normalize)[2]
 
 
 def dense_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int, name: str,
@@ -113,20 +125,40 @@ def check_expert_plans(plans: dict, expert_names: list[str], config_file: str) -
                                       value=t.short(), accepted="static or MX activations, or weight-only")
 
 
+def expert_form(ctx, experts: list[tuple], biases: bool = False) -> tuple[str, int | None]:
+    """("qmoe", block size) | ("gather", None) | ("dense", None) for one MoE block's experts."""
+    from . import routed_experts
+    form = moe_form(ctx)
+    if form == "dense":
+        return "dense", None
+    bs = routed_block_size(ctx, experts, biases)
+    if bs is not None:
+        return "qmoe", bs
+    return ("gather", None) if routed_experts.applies(experts) else ("dense", None)
+
+
 def form_note(model_plan, blocks: dict[int, list[tuple]], biases: bool = False) -> str:
     """One line for `inspect` and the conversion log: how the MoE blocks {layer: experts} will be emitted."""
     from types import SimpleNamespace
     ctx = SimpleNamespace(ep=model_plan.ep, options=model_plan.options)
-    routed = {i: routed_block_size(ctx, experts, biases) for i, experts in blocks.items()}
-    shown = [i for i, bs in routed.items() if bs is not None]
-    if len(shown) == len(blocks):
-        return (f"MoE: {len(blocks)} sparse layer(s) as one com.microsoft QMoE each (routed, 4-bit experts, "
-                f"block_size {', '.join(str(b) for b in sorted(set(routed.values())))})")
-    why = ("--extra_options moe=dense" if moe_form(ctx) == "dense" else
-           f"the {model_plan.ep.name} EP" if model_plan.ep.name not in ROUTED_EPS else
-           "experts not all 4-bit integer weight-only with one block size")
-    return (f"MoE: {len(blocks) - len(shown)} of {len(blocks)} sparse layer(s) dense (every expert runs, weighted "
-            f"by the routing) because of {why}")
+    forms = {i: expert_form(ctx, experts, biases) for i, experts in blocks.items()}
+    parts = []
+    qmoe = sorted({bs for f, bs in forms.values() if f == "qmoe"})
+    n_qmoe = sum(f == "qmoe" for f, _ in forms.values())
+    n_gather = sum(f == "gather" for f, _ in forms.values())
+    n_dense = len(forms) - n_qmoe - n_gather
+    if n_qmoe:
+        parts.append(f"{n_qmoe} sparse layer(s) as one com.microsoft QMoE each (routed, 4-bit experts, "
+                     f"block_size {', '.join(str(b) for b in qmoe)})")
+    if n_gather:
+        parts.append(f"{n_gather} sparse layer(s) routed in standard ops (Gather of the chosen experts' stacked "
+                     "weights; If: every expert, chunked, past E/k tokens)")
+    if n_dense:
+        why = ("--extra_options moe=dense" if moe_form(ctx) == "dense" else
+               "experts whose schemes do not stack (mixed, NVFP4, INT8 W8A8, dynamic FP8 activations)")
+        parts.append(f"{n_dense} of {len(forms)} sparse layer(s) dense (every expert runs, weighted by the routing) "
+                     f"because of {why}")
+    return "MoE: " + "; ".join(parts)
 
 
 def moe_form(ctx) -> str:
@@ -227,9 +259,15 @@ def _router_logits(ctx, x: str, router_weight: str, num_experts: int, name: str,
 
 def emit_moe(ctx, x: str, router_weight: str, experts: list[tuple], top_k: int, name: str, prefix: str,
              normalize: bool = True) -> str:
-    """The MoE block in the form chosen by --extra_options moe (routed where routed_block_size() allows).
+    """The MoE block in the form expert_form() chooses (--extra_options moe).
     normalize: renormalize the top-k router probabilities to sum 1 (Mixtral; Qwen-MoE's norm_topk_prob)."""
-    bs = routed_block_size(ctx, experts)
-    if bs is None:
+    from . import routed_experts
+    form, bs = expert_form(ctx, experts)
+    if form == "qmoe":
+        return routed_moe(ctx, x, router_weight, experts, top_k, name, prefix, bs, normalize)
+    if form == "dense":
         return dense_moe(ctx, x, router_weight, experts, top_k, name, prefix, normalize)
-    return routed_moe(ctx, x, router_weight, experts, top_k, name, prefix, bs, normalize)
+    top_idx, top_w, dense = router_topk(ctx, x, router_weight, top_k, name, prefix, normalize)
+    routing = routed_experts.routing_from_topk(ctx, top_idx, top_w, dense, top_k, len(experts), name, prefix)
+    return routed_experts.emit_routed_experts(ctx, x, routing, experts, routed_experts.silu_activation, top_k,
+                                              name, prefix)

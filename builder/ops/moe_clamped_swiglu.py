@@ -13,7 +13,8 @@ activation_alpha=alpha, activation_beta=1 (the "+ 1"), swiglu_limit=limit, fc1/f
 router_probs = router logits with bias (softmax over the top-k logits = the renormalized top-k softmax, which the
 kernel computes). Measured on onnxruntime 1.32 CPU against the formula above with clamps active (gate and up
 outside +-limit): max |diff| 9e-5 on outputs of magnitude 430 (fp32 rounding).
-Dense form (other EPs, other schemes): every expert runs on every token with standard ops (Slice with step 2,
+Other EPs and schemes: the routed standard-op form (ops/routed_experts.py) with clamped_swiglu as its activation;
+Dense form (moe=dense, mixed experts): every expert runs on every token with standard ops (Slice with step 2,
 Min/Clip, Sigmoid), weighted by the scattered routing weights, as QuarkGptOssExperts.forward does.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from ..quant.int_packing import pack_uint_lowfirst
 from ..quant.int_weight_only import IntWeightOnly
 from .linear import emit_linear, emit_linears
-from .moe import routed_block_size, stack_expert
+from .moe import expert_form, stack_expert
 
 
 def _scalar(ctx, name: str, value: float) -> str:
@@ -35,15 +36,22 @@ def router_logits(ctx, x: str, router, prefix: str) -> str:
     return emit_linear(ctx, router, x)
 
 
-def dense_routing(ctx, logits: str, top_k: int, name: str, prefix: str) -> str:
-    """logits [B,S,E] -> routing weights [B,S,E]: softmax over the top-k logits, zeros elsewhere."""
+def topk_routing(ctx, logits: str, top_k: int, name: str, prefix: str) -> tuple[str, str, str]:
+    """logits [B,S,E] -> (top-k indices [B,S,k], softmax over the top-k logits [B,S,k], the same scattered into
+    zeros [B,S,E])."""
     g = ctx.graph
     k = g.const_i64(f"{name}.router.top_k", [top_k])
     top_vals, top_idx = g.node("TopK", [logits, k], f"{prefix}/router/TopK", outputs=2, axis=-1, largest=1,
                                sorted=1)
     scores = g.op("Softmax", [top_vals], f"{prefix}/router/Softmax", axis=-1)
     zeros = g.op("Mul", [logits, _scalar(ctx, f"{name}.router.zero", 0.0)], f"{prefix}/router/Zeros")
-    return g.op("ScatterElements", [zeros, top_idx, scores], f"{prefix}/router/ScatterElements", axis=-1)
+    dense = g.op("ScatterElements", [zeros, top_idx, scores], f"{prefix}/router/ScatterElements", axis=-1)
+    return top_idx, scores, dense
+
+
+def dense_routing(ctx, logits: str, top_k: int, name: str, prefix: str) -> str:
+    """logits [B,S,E] -> routing weights [B,S,E]: softmax over the top-k logits, zeros elsewhere."""
+    return topk_routing(ctx, logits, top_k, name, prefix)[2]
 
 
 def clamped_swiglu(ctx, gate_up: str, inter: int, alpha: float, limit: float, name: str, prefix: str) -> str:
@@ -116,7 +124,17 @@ def routed_moe(ctx, x: str, router, experts: list[tuple], top_k: int, alpha: flo
 
 def emit_moe(ctx, x: str, router, experts: list[tuple], top_k: int, alpha: float, limit: float, name: str,
              prefix: str) -> str:
-    bs = routed_block_size(ctx, experts, biases=True)
-    if bs is None:
+    from . import routed_experts
+    form, bs = expert_form(ctx, experts, biases=True)
+    if form == "qmoe":
+        return routed_moe(ctx, x, router, experts, top_k, alpha, limit, name, prefix, bs)
+    if form == "dense":
         return dense_moe(ctx, x, router, experts, top_k, alpha, limit, name, prefix)
-    return routed_moe(ctx, x, router, experts, top_k, alpha, limit, name, prefix, bs)
+    top_idx, scores, dense = topk_routing(ctx, router_logits(ctx, x, router, prefix), top_k, name, prefix)
+    routing = routed_experts.routing_from_topk(ctx, top_idx, scores, dense, top_k, len(experts), name, prefix)
+    inter = experts[0][0].out_features // 2
+
+    def activation(ctx_, ys, p):
+        return clamped_swiglu(ctx_, ys[0], inter, alpha, limit, f"{name}.{p}", p)
+
+    return routed_experts.emit_routed_experts(ctx, x, routing, experts, activation, top_k, name, prefix)

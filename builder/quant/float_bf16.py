@@ -1,5 +1,5 @@
-"""Opt-in `--extra_options lm_head=bf16`: a bf16 float lm_head kept as the checkpoint's own bf16 bits, multiplied by
-the com.quark_onnx MatMulBf16 kernel (custom_ops library, CPU).
+"""`lm_head=bf16` (the cpu default for a BF16 lm_head, builder/compact_forms.py): a bf16 float lm_head kept as the
+checkpoint's own bf16 bits, multiplied by the com.quark_onnx MatMulBf16 kernel (custom_ops library, CPU).
 
     x ──► MatMulBf16(x, B bfloat16 [vocab, hidden]) ──► logits        (+ its ONNX-function fallback)
 
@@ -64,7 +64,8 @@ class FloatBf16Linear(FloatLinear):
 
     @classmethod
     def describe(cls, plan: LinearPlan, ep) -> str:
-        return "com.quark_onnx MatMulBf16 on the checkpoint's bf16 weight (--extra_options lm_head=bf16; exact)"
+        return ("com.quark_onnx MatMulBf16 on the checkpoint's bf16 weight (exact; the cpu default for a bf16 lm_head, "
+                "lm_head=float for the fp32 Gemm)")
 
     @classmethod
     def emit(cls, ctx, plan: LinearPlan, x: str) -> str:

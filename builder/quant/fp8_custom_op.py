@@ -46,3 +46,15 @@ def emit_fp8_custom_op(ctx, plan, x: str, q: np.ndarray, scale: np.ndarray, mode
     if mode == "static":
         inputs.append(g.scalar(f"{base}.input_scale.f32", input_scale, np.float32))
     return g.op(op, inputs, f"{plan.node_prefix}/{op}", domain=DOMAIN)
+
+
+def emit_matmul_fp8(ctx, plan, x: str, q: np.ndarray, scale: np.ndarray) -> str:
+    """Weight-only com.quark_onnx MatMulFp8(x, W fp8 [N, K], s_w scalar|[N]) + its function (fp8_linear=compact)."""
+    from custom_ops.functions import DOMAIN, FUNCTIONS
+
+    g, base = ctx.graph, plan.name
+    g.add_function(FUNCTIONS["MatMulFp8"](g.opsets[""]), opset_version=1)
+    s = np.asarray(scale, np.float32).reshape(-1)
+    inputs = [x, g.initializer(f"{base}.weight.fp8", np.ascontiguousarray(q)),
+              g.initializer(f"{base}.weight_scale.f32", s if s.size > 1 else s.reshape(()))]
+    return g.op("MatMulFp8", inputs, f"{plan.node_prefix}/MatMulFp8", domain=DOMAIN)

@@ -7,6 +7,8 @@ attention (builder/attention_variants.py). Quark's numerics: W = fp8 * s_w; x_q 
 s_x = amax(x) / 448 per token (ptpc) or per tensor when dynamic.
 
 Emitted per EP (EPConfig.fp8_linear):
+  compact            : x ─Q/DQ(s_x)─► com.quark_onnx MatMulFp8 ◄─ fp8 W [out,in] (checkpoint bytes), s_w  (CPU default:
+                       builder/compact_forms.py; the activation emulation is the dequantized_weight form's)
   qdq                : x ─Q/DQ(s_x)─► MatMul ◄─ DQ(fp8 W.T [in,out], s_w scalar or axis=1)   (MIGraphX: FP8 GEMM)
   dequantized_weight : x ─Q/DQ(s_x)─► MatMul ◄─ fp32 initializer fp8*s_w  (CPU: same logits, float MatMul speed;
                        fp8*s_w is the same correctly rounded fp32 product DequantizeLinear computes)
@@ -36,7 +38,8 @@ def _fail(ckpt, layer, message, field=None, value=None, accepted=None):
                           accepted=accepted)
 
 
-FP8_LINEAR_FORMS = ("dequantized_weight", "qdq", "matmul_block_fp8", "custom_op")  # EPConfig.fp8_linear values
+FP8_LINEAR_FORMS = ("compact", "dequantized_weight", "qdq", "matmul_block_fp8", "custom_op")
+COMPACT_IO = (None, "fp32", "fp16")  # MatMulFp8 takes float and float16 A (CONTRACT.md)  # EPConfig.fp8_linear values
 
 
 def scalar_scale(ckpt, tensor: str) -> float:
@@ -151,6 +154,8 @@ class Fp8W8A8(Scheme):
             from dataclasses import replace
             from ..ep_configs import get_ep
             return cls.form(plan, replace(ep, fp8_linear=get_ep(ep.name).fp8_linear), io)  # the EP's own form
+        if ep.fp8_linear == "compact":
+            return "compact" if io in COMPACT_IO and fp8_custom_op.available() else "dequantized_weight"
         if ep.fp8_linear == "matmul_block_fp8":
             if io in (None, "fp16", "bf16") and mode in ("none", "static"):
                 return "matmul_block_fp8"
@@ -160,7 +165,10 @@ class Fp8W8A8(Scheme):
     @classmethod
     def custom_op(cls, plan: LinearPlan, ep, io: str | None = None) -> str | None:
         """The com.quark_onnx op this layer becomes, or None."""
-        if cls.form(plan, ep, io) != "custom_op":
+        form = cls.form(plan, ep, io)
+        if form == "compact":
+            return "MatMulFp8"
+        if form != "custom_op":
             return None
         return fp8_custom_op.custom_op_for(activation_mode(plan.spec), io)
 
@@ -174,7 +182,9 @@ class Fp8W8A8(Scheme):
         what = {"qdq": "MatMul on DequantizeLinear(fp8 weight)",
                 "dequantized_weight": "MatMul on the fp32 dequantized FP8 weight (exact)",
                 "matmul_block_fp8": "MatMulBlockQuantizedFp8Weight (fp16/bf16 io; Q/DQ + MatMul for fp32 io)",
-                "custom_op": f"com.quark_onnx {fp8_custom_op.custom_op_for(mode, None)} (+ function fallback)"}[form]
+                "custom_op": f"com.quark_onnx {fp8_custom_op.custom_op_for(mode, None)} (+ function fallback)",
+                "compact": "com.quark_onnx MatMulFp8 on the checkpoint's fp8 weight and scale (compact CPU default, "
+                           "+ function fallback; the activation Q/DQ in standard ops)"}[form]
         return f"{what}, {act}"
 
     @classmethod
@@ -193,13 +203,15 @@ class Fp8W8A8(Scheme):
             x = qdq_static(ctx, x, scalar_scale(ctx.ckpt, f"{base}.input_scale"), "fp8_e4m3", f"{pre}/input_quant")
         elif mode != "none":
             x, post_scale = fp8_dynamic_unit(ctx, x, mode == "dynamic_token", f"{pre}/input_quant")
-        if form == "dequantized_weight":
+        if form in ("dequantized_weight", "compact"):
             if post_scale is not None:
                 # Quark's order: the fake-quantized x = fp8(x / s) * s goes into the GEMM. Rescaling after the
                 # GEMM is the same product in another rounding order (rel. 3e-7 per linear on SmolLM2-135M PTPC,
                 # 1.5e-7 this way), and on a real model those differences compound (tests/test_real_model.py).
                 x = g.op("Mul", [x, post_scale], f"{pre}/Mul_input_scale")
                 post_scale = None
+            if form == "compact":  # the checkpoint's fp8 bytes [N, K] + scale; the same fp8 * s_w product
+                return fp8_custom_op.emit_matmul_fp8(ctx, plan, x, q, scale)
             w = (q.astype(np.float32) * scale).T
             w_t = g.initializer(f"{base}.weight.T", np.ascontiguousarray(w.astype(ctx.io_np)))
         else:

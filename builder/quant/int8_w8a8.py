@@ -8,6 +8,9 @@ fake_quantize_per_tensor_affine, which Quark's CPU path calls: quark/torch/kerne
 fake_quantize_int_per_tensor_affine); weights W = (q_w - zp_w) * s_w.
 
 Emitted per EP (EPConfig.int8_linear, --extra_options int8_linear=...):
+  compact (CPU default, builder/compact_forms.py; symmetric int8 weights):
+    x ─► Mul(1/s_x) ─► QuantizeLinear(1, zp_x) ─► DequantizeLinear(s_x, zp_x) ─► com.quark_onnx MatMulInt8 ◄─ int8 W
+    [out, in] (the checkpoint's bytes), s_w: the same float32 product q_w * s_w as the form below, float GEMM.
   dequantized_weight (CPU default):
     x ─► Mul(1/s_x) ─► QuantizeLinear(1, zp_x) ─► DequantizeLinear(s_x, zp_x) ─► MatMul ◄─ fp32 (q_w - zp_w) * s_w
     Only the activation is Q/DQ'd, so ORT has no DQ·DQ MatMul to fuse: the GEMM is float, and the logits are the
@@ -30,7 +33,8 @@ from .base import LinearPlan, Scheme
 
 INT_DTYPES = {"int8": np.int8, "uint8": np.uint8}
 SAFETENSORS = {"int8": "I8", "uint8": "U8"}
-INT8_LINEAR_FORMS = ("dequantized_weight", "qdq")  # EPConfig.int8_linear values
+INT8_LINEAR_FORMS = ("compact", "dequantized_weight", "qdq")  # EPConfig.int8_linear values
+COMPACT_IO = ("fp32", "fp16")  # MatMulInt8 takes float and float16 A (CONTRACT.md)
 
 
 def _fail(ckpt, layer, message, field=None, value=None, accepted=None):
@@ -101,8 +105,29 @@ class Int8W8A8(Scheme):
         return z.astype(INT_DTYPES[qtype])
 
     @classmethod
+    def form(cls, plan: LinearPlan, ep) -> str:
+        """compact needs symmetric int8 weights (MatMulInt8 has no zero point); others keep the fp32 weight."""
+        if ep.int8_linear != "compact":
+            return ep.int8_linear
+        w = plan.spec.weight[0]
+        return "compact" if w.dtype == "int8" and w.symmetric is not False and _functions_available() \
+            else "dequantized_weight"
+
+    @classmethod
+    def custom_op(cls, plan: LinearPlan, ep, io: str | None = None) -> str | None:
+        return "MatMulInt8" if cls.form(plan, ep) == "compact" and io in (None, *COMPACT_IO) else None
+
+    @classmethod
     def describe(cls, plan: LinearPlan, ep) -> str:
         w, a = plan.spec.weight[0], plan.spec.input_tensors[0]
+        form = cls.form(plan, ep)
+        if form == "compact":
+            return (f"Q/DQ {a.dtype} activation -> com.quark_onnx MatMulInt8 on the checkpoint's int8 {w.qscheme} "
+                    "weight and scale (compact CPU default, + function fallback)")
+        if ep.int8_linear == "compact":
+            why = "uint8" if w.dtype != "int8" else "asymmetric"
+            return (f"Q/DQ {a.dtype} activation -> MatMul on the fp32 dequantized {w.dtype} {w.qscheme} weight "
+                    f"(MatMulInt8 takes symmetric int8 weights; this one is {why})")
         if ep.int8_linear == "dequantized_weight":
             return (f"Q/DQ {a.dtype} activation -> MatMul on the fp32 dequantized {w.dtype} {w.qscheme} weight "
                     "(exact, independent of the CPU's instruction set)")
@@ -120,10 +145,16 @@ class Int8W8A8(Scheme):
         wzp = cls._zp(ckpt, f"{base}.weight_zero_point", w.dtype, scale.size)
         if w.qscheme == "per_channel" and scale.size == 1:
             scale, wzp = np.repeat(scale, n), np.repeat(wzp, n)
-        if ctx.ep.int8_linear == "dequantized_weight":
+        form = cls.form(plan, ctx.ep)
+        if form == "compact" and (ctx.io not in COMPACT_IO or np.any(wzp != 0)):  # zero point: config disagrees
+            form = "dequantized_weight"
+            if ctx.io in COMPACT_IO:
+                ctx.notes.append(f"{base}: nonzero weight_zero_point: dense fp32 weight instead of MatMulInt8")
+        w_t = None  # compact: the checkpoint's int8 bytes, after the activation Q/DQ below
+        if form == "dequantized_weight":
             w = (q.astype(np.float32) - wzp.astype(np.float32).reshape(-1, 1)) * scale.astype(np.float32).reshape(-1, 1)
             w_t = g.initializer(f"{base}.weight.T", np.ascontiguousarray(w.T.astype(ctx.io_np)))
-        else:
+        elif form == "qdq":
             w_t = weight_dq(ctx, base, q.T, scale, wzp, f"{pre}/weight_dq")
         s_x = np.float32(ckpt.get_scale(f"{base}.input_scale").reshape(()))
         s = g.scalar(f"{base}.input_scale.q", float(s_x), ctx.io_np)
@@ -137,4 +168,26 @@ class Int8W8A8(Scheme):
         one = g.scalar(f"{base}.input_scale.unit", 1.0, ctx.io_np)
         xs = g.op("Mul", [x, inv], f"{pre}/input_quant/Mul_reciprocal")
         xq = dequantize(ctx, quantize(ctx, xs, one, zp, f"{pre}/input_quant"), s, zp, f"{pre}/input_quant")
+        if form == "compact":
+            return _emit_matmul_int8(ctx, plan, xq, q, scale)
         return g.op("MatMul", [xq, w_t], f"{pre}/MatMul")
+
+
+def _functions_available() -> bool:
+    try:
+        import custom_ops.functions  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _emit_matmul_int8(ctx, plan: LinearPlan, x: str, q: np.ndarray, scale: np.ndarray) -> str:
+    """com.quark_onnx MatMulInt8(x, W int8 [N, K] (the checkpoint's bytes), s_w scalar|[N]) + its function."""
+    from custom_ops.functions import DOMAIN, FUNCTIONS
+
+    g, base = ctx.graph, plan.name
+    g.add_function(FUNCTIONS["MatMulInt8"](g.opsets[""]), opset_version=1)
+    s = np.asarray(scale, np.float32).reshape(-1)
+    inputs = [x, g.initializer(f"{base}.weight.int8", np.ascontiguousarray(q, dtype=np.int8)),
+              g.initializer(f"{base}.weight_scale.f32", s if s.size > 1 else s.reshape(()))]
+    return g.op("MatMulInt8", inputs, f"{plan.node_prefix}/MatMulInt8", domain=DOMAIN)

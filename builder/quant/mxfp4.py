@@ -4,6 +4,8 @@ Checkpoint (real_quantized, quark_format.md): weight uint8 [out, in/2] (low nibb
 weight_scale uint8 e8m0 [out, in/32]; no input tensors (activation scales are computed at run time).
 
 Per execution provider (EPConfig.fp4_linear, overridable with --extra_options fp4_linear=...):
+  compact        the CPU default (builder/compact_forms.py): com.quark_onnx MatMulMxfp4 on the checkpoint's bytes
+                 (MXFP4), MatMulNvfp4 (NVFP4, nvfp4.py); + their ONNX-function fallbacks
   matmul_nbits8  com.microsoft MatMulNBits bits=8 block 32: u = 2*e2m1 + 128, scale = 2^(s-127) / 2 (lossless)
   native         com.quark_onnx MatMulMxfp4(A, B, B_scale) custom op + its ONNX-function fallback (CUDA)
   dq_fp8         DequantizeLinear(e2m1 coded as float8e4m3fn [K, N], blocked scale [K/32, N]) -> MatMul
@@ -29,7 +31,8 @@ from .fp4_int8_dq import DESCRIBE as DQ_INT8_DESCRIBE
 from .fp4_int8_dq import emit_weight_dq_int8
 from .base import LinearPlan, Scheme
 
-FP4_LINEAR_METHODS = ("matmul_nbits8", "native", "dq_fp8", "dq_int8", "dense")
+FP4_LINEAR_METHODS = ("compact", "matmul_nbits8", "native", "dq_fp8", "dq_int8", "dense")
+CUSTOM_OP_FORMS = {"mxfp4": {"compact": "MatMulMxfp4", "native": "MatMulMxfp4"}, "nvfp4": {"compact": "MatMulNvfp4"}}
 MX_ACTIVATION_OPTIONS = ("emulate", "skip")
 MXFP4_GROUP = 32
 
@@ -123,6 +126,18 @@ def emit_fp4_weight(ctx, plan: LinearPlan, x: str, w: Fp4Weight, method: str) ->
     return emitters[method](ctx, plan, x, w)
 
 
+def fp4_custom_op(kind: str, ep) -> str | None:
+    """The com.quark_onnx op of this FP4 kind on the EP's form, when custom_ops (its fallbacks) is importable."""
+    op = CUSTOM_OP_FORMS[kind].get(ep.fp4_linear)
+    if op is None:
+        return None
+    try:
+        import custom_ops.functions  # noqa: F401
+    except ImportError:
+        return None
+    return op
+
+
 def emit_matmul_mxfp4_custom(ctx, plan: LinearPlan, x: str) -> str | None:
     """com.quark_onnx MatMulMxfp4 with its function fallback; None when custom_ops is not available."""
     try:
@@ -178,20 +193,16 @@ class Mxfp4Linear(Scheme):
 
     @classmethod
     def custom_op(cls, plan: LinearPlan, ep, io: str | None = None) -> str | None:
-        """MatMulMxfp4 on the native form (when custom_ops is importable), else None."""
-        if ep.fp4_linear != "native":
-            return None
-        try:
-            import custom_ops.functions  # noqa: F401
-        except ImportError:
-            return None
-        return "MatMulMxfp4"
+        """MatMulMxfp4 on the native and compact forms (when custom_ops is importable), else None."""
+        return fp4_custom_op("mxfp4", ep)
 
     @classmethod
     def describe(cls, plan: LinearPlan, ep) -> str:
         act = " + MXFP4 dynamic activation emulation" if plan.spec.input_tensors else ""
         return {"matmul_nbits8": f"MatMulNBits bits=8 block_size=32 (lossless 2*e2m1+128){act}",
                 "native": f"com.quark_onnx MatMulMxfp4 (+ function fallback){act}",
+                "compact": f"com.quark_onnx MatMulMxfp4 on the checkpoint's bytes (compact CPU default, + function "
+                           f"fallback){act}",
                 "dq_fp8": f"DequantizeLinear(e2m1 as float8e4m3fn, block 32) -> MatMul{act}",
                 "dq_int8": DQ_INT8_DESCRIBE.format(group=MXFP4_GROUP) + act,
                 "dense": f"MatMul (dequantized MXFP4 weight){act}"}[ep.fp4_linear]
@@ -208,12 +219,13 @@ class Mxfp4Linear(Scheme):
     def emit_weight(cls, ctx, plan: LinearPlan, x: str) -> str:
         """x @ W in the EP's FP4 weight form (MatMulMxfp4 where chosen and importable, else the 8-bit re-encoding)."""
         method = fp4_linear_method(ctx)
-        if method == "native":
+        if method in ("native", "compact"):
             y = emit_matmul_mxfp4_custom(ctx, plan, x)
             if y is not None:
                 return y
-            note = "custom_ops package not importable: MXFP4 linears use 8-bit MatMulNBits instead of MatMulMxfp4"
+            instead = "8-bit MatMulNBits" if method == "native" else "the dense fp32 weight"
+            note = f"custom_ops package not importable: MXFP4 linears use {instead} instead of MatMulMxfp4"
             if note not in ctx.notes:
                 ctx.notes.append(note)
-            method = "matmul_nbits8"
+            method = "matmul_nbits8" if method == "native" else "dense"
         return emit_fp4_weight(ctx, plan, x, cls.load(plan, ctx.ckpt), method)

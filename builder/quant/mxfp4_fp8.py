@@ -6,7 +6,7 @@ Checkpoint: the MXFP4 weight tensors of builder/quant/mxfp4.py (weight uint8 [ou
 with the dequantized MXFP4 weight.
 
 Emitted: QuantizeLinear/DequantizeLinear(float8e4m3fn, s_x) in front of the MXFP4 weight form of the EP profile
-(EPConfig.fp4_linear: dense fp32 weight on CPU, MatMulMxfp4 or 8-bit MatMulNBits on CUDA, fp8-coded
+(EPConfig.fp4_linear: MatMulMxfp4 on the checkpoint's bytes on CPU (dense fp32 weight without the library), MatMulMxfp4 or 8-bit MatMulNBits on CUDA, fp8-coded
 DequantizeLinear on MIGraphX).
 """
 from __future__ import annotations
@@ -43,6 +43,8 @@ class Mxfp4Fp8Linear(Mxfp4Linear):
     def describe(cls, plan: LinearPlan, ep) -> str:
         what = {"matmul_nbits8": "MatMulNBits bits=8 block_size=32 (lossless 2*e2m1+128)",
                 "native": "com.quark_onnx MatMulMxfp4 (+ function fallback)",
+                "compact": "com.quark_onnx MatMulMxfp4 on the checkpoint's bytes (compact CPU default, + function "
+                           "fallback)",
                 "dq_fp8": "DequantizeLinear(e2m1 as float8e4m3fn, block 32) -> MatMul",
                 "dense": "MatMul (dequantized MXFP4 weight)"}[ep.fp4_linear]
         return f"{what} + FP8 static activation Q/DQ"

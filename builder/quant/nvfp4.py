@@ -7,6 +7,8 @@ weight_scale_2 float32 [] (= amax(W) / (6 * 448)); input_scale_2 float32 [] (sta
 W = e2m1 * float32(weight_scale) * weight_scale_2 (the block scale product is rounded once in float32, as Quark does).
 
 Per execution provider (EPConfig.fp4_linear, --extra_options fp4_linear=...):
+  compact        com.quark_onnx MatMulNvfp4(A, B uint8 [N, K/2], e4m3fn [N, K/16], weight_scale_2): the checkpoint's
+                 bytes, CPU default (builder/compact_forms.py)
   matmul_nbits8  MatMulNBits bits=8 block 16: u = 2*e2m1 + 128, scale = e4m3 * weight_scale_2 / 2
   native         com.microsoft MatMulBlockQuantizedFp4Weight (CUDA, fp16/bf16 io only; fp32 io -> matmul_nbits8)
   dq_fp8         DequantizeLinear(e2m1 coded as float8e4m3fn [K, N], blocked scale [K/16, N]) -> MatMul
@@ -16,6 +18,7 @@ Activations: ops/mx_activation.py, with input_scale_2 as the static scale of the
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from ..ops.mx_activation import Fp4ActivationSpec, emit_fp4_activation_qdq
@@ -23,7 +26,7 @@ from . import fp4_codes
 from .fp4_int8_dq import DESCRIBE as DQ_INT8_DESCRIBE
 from .base import LinearPlan, Scheme
 from .mxfp4 import (Fp4Weight, check_real_quantized, emit_fp4_weight, emulate_activations, expect_tensor, fail,
-                    fp4_linear_method)
+                    fp4_custom_op, fp4_linear_method)
 
 NVFP4_GROUP = 16
 CONTRIB_IO = ("fp16", "bf16")
@@ -73,6 +76,8 @@ class Nvfp4Linear(Scheme):
         act = " + NVFP4 activation emulation (input_scale_2)" if plan.spec.input_tensors else ""
         return {"matmul_nbits8": f"MatMulNBits bits=8 block_size=16 (lossless 2*e2m1+128){act}",
                 "native": f"com.microsoft MatMulBlockQuantizedFp4Weight (fp16/bf16 io){act}",
+                "compact": f"com.quark_onnx MatMulNvfp4 on the checkpoint's bytes (compact CPU default, + function "
+                           f"fallback){act}",
                 "dq_fp8": f"DequantizeLinear(e2m1 as float8e4m3fn, block 16) -> MatMul{act}",
                 "dq_int8": DQ_INT8_DESCRIBE.format(group=NVFP4_GROUP) + act,
                 "dense": f"MatMul (dequantized NVFP4 weight){act}"}[ep.fp4_linear]
@@ -84,6 +89,10 @@ class Nvfp4Linear(Scheme):
             x = emit_fp4_activation_qdq(ctx, x, Fp4ActivationSpec("nvfp4", NVFP4_GROUP, input_scale_2=s2),
                                         plan.node_prefix)
         method = fp4_linear_method(ctx)
+        if method == "compact":
+            if fp4_custom_op("nvfp4", ctx.ep):
+                return cls._emit_matmul_nvfp4(ctx, plan, x)
+            method = "dense"
         if method == "native":
             if ctx.io in CONTRIB_IO:
                 return cls._emit_contrib(ctx, plan, x)
@@ -92,6 +101,26 @@ class Nvfp4Linear(Scheme):
                 ctx.notes.append(note)
             method = "matmul_nbits8"
         return emit_fp4_weight(ctx, plan, x, cls.load(plan, ctx.ckpt), method)
+
+    @classmethod
+    def custom_op(cls, plan: LinearPlan, ep, io: str | None = None) -> str | None:
+        return fp4_custom_op("nvfp4", ep)
+
+    @staticmethod
+    def _emit_matmul_nvfp4(ctx, plan: LinearPlan, x: str) -> str:
+        """com.quark_onnx MatMulNvfp4(A, B uint8 [N, K/2], B_scale e4m3fn [N, K/16], B_scale_2 f32 []) + function."""
+        from custom_ops.functions import DOMAIN, FUNCTIONS
+
+        g, ckpt, name = ctx.graph, ctx.ckpt, plan.name
+        g.add_function(FUNCTIONS["MatMulNvfp4"](g.opsets[""]), opset_version=1)
+        b = g.initializer(f"{name}.weight", np.asarray(ckpt.get(f"{name}.weight"), dtype=np.uint8))
+        ws = np.asarray(ckpt.get(f"{name}.weight_scale"))
+        ws = g.initializer(f"{name}.weight_scale", ws if ws.dtype == ml_dtypes.float8_e4m3fn
+                           else ws.view(ml_dtypes.float8_e4m3fn))
+        ws2 = g.initializer(f"{name}.weight_scale_2",
+                            np.asarray(ckpt.get_f32(f"{name}.weight_scale_2"), dtype=np.float32).reshape(()))
+        return g.op("MatMulNvfp4", [x, b, ws, ws2], f"{plan.node_prefix}/MatMulNvfp4", domain=DOMAIN,
+                    K=plan.in_features, N=plan.out_features)
 
     @staticmethod
     def _emit_contrib(ctx, plan: LinearPlan, x: str) -> str:

@@ -30,7 +30,11 @@ constexpr uint32_t kOrtApiVersionParallelFor = 17;  // KernelContext_ParallelFor
 const OrtApi* g_api = nullptr;
 bool g_has_parallel_for = false;
 
-enum class OpKind { kMxfp4, kFp8, kFp8Dyn, kBf16 };  // kBf16: CPU only
+enum class OpKind { kMxfp4, kFp8, kFp8Dyn, kBf16, kFp8Weight, kInt8, kNvfp4 };  // kBf16 and the last three: CPU only
+
+bool CpuOnly(OpKind kind) {
+  return kind == OpKind::kBf16 || kind == OpKind::kFp8Weight || kind == OpKind::kInt8 || kind == OpKind::kNvfp4;
+}
 
 struct QoCustomOp : OrtCustomOp {
   OpKind kind;
@@ -42,7 +46,7 @@ struct QoKernel {
   OpKind kind;
   bool half;
   bool gpu;
-  int64_t attr_k = -1;  // MatMulMxfp4 attributes, checked against the tensors
+  int64_t attr_k = -1;  // MatMulMxfp4 / MatMulNvfp4 attributes, checked against the tensors
   int64_t attr_n = -1;
 };
 
@@ -134,6 +138,21 @@ int RunCpu(const QoKernel& k, OrtKernelContext* context, const void* a, const vo
     case OpKind::kBf16:
       return k.half ? qo_matmul_bf16_f16((const u16*)a, (const u16*)b, (u16*)y, M, N, K)
                     : qo_matmul_bf16_f32((const float*)a, (const u16*)b, (float*)y, M, N, K);
+    case OpKind::kFp8Weight:
+      return k.half ? qo_matmul_fp8_f16((const u16*)a, (const uint8_t*)b, (const float*)b_scale, b_scale_count,
+                                        (u16*)y, M, N, K)
+                    : qo_matmul_fp8_f32((const float*)a, (const uint8_t*)b, (const float*)b_scale, b_scale_count,
+                                        (float*)y, M, N, K);
+    case OpKind::kInt8:
+      return k.half ? qo_matmul_int8_f16((const u16*)a, (const int8_t*)b, (const float*)b_scale, b_scale_count,
+                                         (u16*)y, M, N, K)
+                    : qo_matmul_int8_f32((const float*)a, (const int8_t*)b, (const float*)b_scale, b_scale_count,
+                                         (float*)y, M, N, K);
+    case OpKind::kNvfp4:  // a_scale carries B_scale_2 (a host float)
+      return k.half ? qo_matmul_nvfp4_f16((const u16*)a, (const uint8_t*)b, (const uint8_t*)b_scale, *a_scale,
+                                          (u16*)y, M, N, K)
+                    : qo_matmul_nvfp4_f32((const float*)a, (const uint8_t*)b, (const uint8_t*)b_scale, *a_scale,
+                                          (float*)y, M, N, K);
   }
   (void)b_scale; (void)b_scale_count; (void)a_scale;
 #else
@@ -170,6 +189,9 @@ int RunGpu(const QoKernel& k, const void* a, const void* b, const void* b_scale,
       return status;
     }
     case OpKind::kBf16:
+    case OpKind::kFp8Weight:
+    case OpKind::kInt8:
+    case OpKind::kNvfp4:
       return QO_ERR_ARGUMENT;  // not registered on the GPU provider
   }
 #else
@@ -186,7 +208,7 @@ OrtStatus* ORT_API_CALL Compute(void* op_kernel, OrtKernelContext* context) {
   QO_RETURN_IF_ERROR(Input(context, 0, &a, &a_data));
   QO_RETURN_IF_ERROR(Input(context, 1, &b, &b_data));
   if (k.kind != OpKind::kBf16) QO_RETURN_IF_ERROR(Input(context, 2, &b_scale, &b_scale_data));
-  if (k.kind == OpKind::kFp8) QO_RETURN_IF_ERROR(Input(context, 3, &a_scale, &a_scale_data));
+  if (k.kind == OpKind::kFp8 || k.kind == OpKind::kNvfp4) QO_RETURN_IF_ERROR(Input(context, 3, &a_scale, &a_scale_data));
 
   if (a.shape.empty() || b.shape.size() != 2) return Error("A must have rank >= 1 and B rank 2");
   const int64_t K = a.shape.back();
@@ -200,6 +222,19 @@ OrtStatus* ORT_API_CALL Compute(void* op_kernel, OrtKernelContext* context) {
       return Error("MatMulMxfp4: attributes K/N do not match the tensors");
   } else if (k.kind == OpKind::kBf16) {
     if (b.shape[1] != K) return Error("MatMulBf16: B must be [N, K]");
+  } else if (k.kind == OpKind::kNvfp4) {
+    if (b.shape[1] * 2 != K || K % 16 != 0) return Error("MatMulNvfp4: B must be [N, K/2] with K % 16 == 0");
+    if (b_scale.shape.size() != 2 || b_scale.shape[0] != N || b_scale.shape[1] != K / 16)
+      return Error("MatMulNvfp4: B_scale must be [N, K/16]");
+    if (a_scale.elements() != 1) return Error("MatMulNvfp4: B_scale_2 must be a scalar");
+    if ((k.attr_k > 0 && k.attr_k != K) || (k.attr_n > 0 && k.attr_n != N))
+      return Error("MatMulNvfp4: attributes K/N do not match the tensors");
+  } else if (k.kind == OpKind::kFp8Weight || k.kind == OpKind::kInt8) {
+    const char* name = k.kind == OpKind::kInt8 ? "MatMulInt8" : "MatMulFp8";
+    if (b.shape[1] != K) return Error(std::string(name) + ": B must be [N, K]");
+    const int64_t count = b_scale.elements();
+    if (count != 1 && !(b_scale.shape.size() == 1 && count == N))
+      return Error(std::string(name) + ": B_scale must be a scalar or [N]");
   } else {
     if (b.shape[1] != K) return Error("MatMulFp8W8A8: B must be [N, K]");
     const int64_t count = b_scale.elements();
@@ -236,7 +271,7 @@ OrtStatus* ORT_API_CALL CreateKernel(const OrtCustomOp* op, const OrtApi* api, c
   const QoCustomOp* qo = static_cast<const QoCustomOp*>(op);
   QoKernel* k = new (std::nothrow) QoKernel{qo->kind, qo->a_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, qo->gpu};
   if (!k) return api->CreateStatus(ORT_FAIL, "com.quark_onnx: out of memory");
-  if (qo->kind == OpKind::kMxfp4) {
+  if (qo->kind == OpKind::kMxfp4 || qo->kind == OpKind::kNvfp4) {
     OrtStatus* status = api->KernelInfoGetAttribute_int64(info, "K", &k->attr_k);
     if (!status) status = api->KernelInfoGetAttribute_int64(info, "N", &k->attr_n);
     if (status) {  // attributes are required by the op definition
@@ -254,6 +289,9 @@ const char* ORT_API_CALL GetName(const OrtCustomOp* op) {
     case OpKind::kFp8: return "MatMulFp8W8A8";
     case OpKind::kFp8Dyn: return "MatMulFp8W8A8Dyn";
     case OpKind::kBf16: return "MatMulBf16";
+    case OpKind::kFp8Weight: return "MatMulFp8";
+    case OpKind::kInt8: return "MatMulInt8";
+    case OpKind::kNvfp4: return "MatMulNvfp4";
   }
   return "";
 }
@@ -264,7 +302,8 @@ const char* ORT_API_CALL GetProvider(const OrtCustomOp* op) {
 
 size_t ORT_API_CALL GetInputTypeCount(const OrtCustomOp* op) {
   switch (static_cast<const QoCustomOp*>(op)->kind) {
-    case OpKind::kFp8: return 4;
+    case OpKind::kFp8:
+    case OpKind::kNvfp4: return 4;
     case OpKind::kBf16: return 2;
     default: return 3;
   }
@@ -275,6 +314,12 @@ ONNXTensorElementDataType ORT_API_CALL GetInputType(const OrtCustomOp* op, size_
   if (index == 0) return qo->a_type;
   if (qo->kind == OpKind::kMxfp4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;  // B, B_scale
   if (qo->kind == OpKind::kBf16) return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+  if (qo->kind == OpKind::kInt8) return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  if (qo->kind == OpKind::kNvfp4) {  // B uint8, B_scale e4m3fn, B_scale_2 float
+    if (index == 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+    if (index == 2) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN;
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
   if (index == 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN;
   return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;                                 // B_scale, A_scale
 }
@@ -334,9 +379,10 @@ std::vector<QoCustomOp>& AllOps() {
     providers.push_back(true);
 #endif
     for (bool gpu : providers)
-      for (OpKind kind : {OpKind::kMxfp4, OpKind::kFp8, OpKind::kFp8Dyn, OpKind::kBf16})
+      for (OpKind kind : {OpKind::kMxfp4, OpKind::kFp8, OpKind::kFp8Dyn, OpKind::kBf16, OpKind::kFp8Weight,
+                          OpKind::kInt8, OpKind::kNvfp4})
         for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16})
-          if (!(gpu && kind == OpKind::kBf16)) list.push_back(MakeOp(kind, t, gpu));
+          if (!(gpu && CpuOnly(kind))) list.push_back(MakeOp(kind, t, gpu));
     return list;
   }();
   return ops;

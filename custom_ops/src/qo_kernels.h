@@ -1,10 +1,29 @@
-/* Plain-C ABI of the com.quark_onnx kernels. Row-major; A [M, K], Y [M, N].
+/* Plain-C ABI of the com.quark_onnx kernels. Row-major; A [M, K], Y [M, N]; weights [N, K] as the checkpoint stores
+ * them (output channel major).
  *   MXFP4: B uint8 [N, K/2] (element 2j in the low nibble of byte j), B_scale uint8 e8m0 [N, K/32]; K % 32 == 0.
- *   FP8:   B float8 e4m3fn codes [N, K], B_scale float [1] or [N] (b_scale_count), A_scale float (static variant)
- *          or a per-row scale max(max|row|/448, 1e-12) (dyn variant). a_q = sat_e4m3fn(A / scale).
- *   BF16:  B bfloat16 bit patterns [N, K] (an lm_head as the checkpoint stores it); Y = A @ float(B).T, summed in
- *          float32 in one fixed order (16 lanes, folded pairwise, no FMA): the same bits on every x86 CPU.
- * fp16 tensors are passed as uint16_t bit patterns. Accumulation is float32.
+ *          W = e2m1 * 2^(s-127) (exact).
+ *   NVFP4: B uint8 [N, K/2] e2m1 as MXFP4, B_scale float8 e4m3fn codes [N, K/16], B_scale_2 float32; K % 16 == 0.
+ *          Multiplication order of Quark's NVFP4 dequantizer (builder/quant/fp4_codes.py nvfp4_block_scales, checked
+ *          against Quark's frozen model): block_scale = fp32(e4m3(B_scale) * B_scale_2), rounded once, then
+ *          W = e2m1 * block_scale, rounded once. The kernel computes it as (2 * e2m1) * (block_scale * 0.5), the same
+ *          float32 number whenever block_scale * 0.5 is exact, i.e. unless block_scale is a float32 subnormal
+ *          (< 2^-126) with its last bit set.
+ *   FP8:   B float8 e4m3fn codes [N, K], B_scale float [1] or [N] (b_scale_count). Weight-only (qo_matmul_fp8):
+ *          Y = (A @ f32(B)^T) * B_scale. W8A8: a_q = sat_e4m3fn(A / A_scale) with A_scale the static scale or a
+ *          per-row max(max|row|/448, 1e-12) (dyn variant); Y = (a_q @ f32(B)^T) * (A_scale * B_scale).
+ *          A / A_scale is a float32 division, as Quark's FP8 fake quantizer does (hw_emulation_interface.py,
+ *          fake_quantize_fp8_per_tensor_with_scale / _per_channel_with_scale: `inputs / scale`); the x * fp32(1/s)
+ *          form belongs to Quark's INT8 quantizer (torch.fake_quantize_per_tensor_affine), not to FP8.
+ *   INT8:  B int8 [N, K], B_scale float [1] or [N]: Y = (A @ f32(B)^T) * B_scale (weight-only; an INT8 W8A8
+ *          scheme's activation Q/DQ stays in standard ops before the node).
+ *   BF16:  B bfloat16 bit patterns [N, K] (an lm_head as the checkpoint stores it); Y = A @ float(B).T.
+ * Summation (every CPU kernel, every ISA, every M, every thread count: the same bits): per output, 8 float32 lanes,
+ * lane j accumulates k = 8i + j in increasing i by fmaf (one rounding per step) from +0, the K % 8 tail elements go
+ * to lanes 0.. as their last step, the lanes fold as ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)), then one multiplication
+ * by the output's scale (row scale * column scale). Decoded weights are exact, so nothing else rounds. Details in
+ * qo_cpu_kernels.c. A caller that set the MXCSR DAZ bit gets the portable path (same bits, slower): the
+ * in-register route for subnormal e4m3 codes relies on denormal inputs being honoured.
+ * fp16 tensors are passed as uint16_t bit patterns (A widened exactly, Y rounded to nearest even).
  * Return 0 on success, QO_ERR_* otherwise. */
 #ifndef QO_KERNELS_H
 #define QO_KERNELS_H
@@ -43,6 +62,18 @@ QO_API int qo_matmul_fp8_w8a8_dyn_f32(const float* A, const uint8_t* B, const fl
                                       int64_t b_scale_count, float* Y, int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_fp8_w8a8_dyn_f16(const uint16_t* A, const uint8_t* B, const float* B_scale,
                                       int64_t b_scale_count, uint16_t* Y, int64_t M, int64_t N, int64_t K);
+QO_API int qo_matmul_fp8_f32(const float* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count, float* Y,
+                             int64_t M, int64_t N, int64_t K);
+QO_API int qo_matmul_fp8_f16(const uint16_t* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
+                             uint16_t* Y, int64_t M, int64_t N, int64_t K);
+QO_API int qo_matmul_int8_f32(const float* A, const int8_t* B, const float* B_scale, int64_t b_scale_count, float* Y,
+                              int64_t M, int64_t N, int64_t K);
+QO_API int qo_matmul_int8_f16(const uint16_t* A, const int8_t* B, const float* B_scale, int64_t b_scale_count,
+                              uint16_t* Y, int64_t M, int64_t N, int64_t K);
+QO_API int qo_matmul_nvfp4_f32(const float* A, const uint8_t* B, const uint8_t* B_scale, float B_scale_2, float* Y,
+                               int64_t M, int64_t N, int64_t K);
+QO_API int qo_matmul_nvfp4_f16(const uint16_t* A, const uint8_t* B, const uint8_t* B_scale, float B_scale_2,
+                               uint16_t* Y, int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_bf16_f32(const float* A, const uint16_t* B, float* Y, int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_t M, int64_t N, int64_t K);
 

@@ -1,0 +1,107 @@
+"""The compact CPU default: quantized weights keep their checkpoint bytes, and the custom-op library that reads them
+is found or built by the converter itself and shipped in the output folder.
+
+On the cpu EP, unless the user chose otherwise with --extra_options:
+  FP8 (per-tensor / per-channel)  fp8_linear=compact   com.quark_onnx MatMulFp8(x, W e4m3fn [N, K], s_w)
+  INT8 W8A8 (int8, symmetric)     int8_linear=compact  com.quark_onnx MatMulInt8(x, W int8 [N, K], s_w)
+  MXFP4                           fp4_linear=compact   com.quark_onnx MatMulMxfp4(x, W u8 [N, K/2], e8m0 [N, K/32])
+  NVFP4                           fp4_linear=compact   com.quark_onnx MatMulNvfp4(x, W u8 [N, K/2], e4m3 [N, K/16], s2)
+  bf16 lm_head                    lm_head=bf16         com.quark_onnx MatMulBf16 (builder/quant/float_bf16.py)
+  bf16 embedding                  embedding=bf16       Gather + Cast (standard ops; set with the others)
+The activation emulation of each scheme stays in standard ops in front of the node, so the logits are the dense fp32
+form's (the weight product fp8 * s is the same float32 value; only the summation order of the GEMM differs).
+Every com.quark_onnx node carries its ONNX-function fallback: the output runs without the library too (ORT then
+constant-folds the weight into the dense fp32 one at load: the old form's speed, and a higher peak memory while it
+folds). A library built before an op's kernel existed therefore does not get that op's compact form by default: those
+layers keep the dense fp32 form, with a note (missing_kernels).
+
+The library (custom_ops/ort_library.py: the ORT C API header, fetched once, and a C/C++ compiler) is looked up or built
+at plan time. When that fails (no compiler, no header, no network) the conversion prints one warning naming the reason
+and the command to run, and writes the fp32 forms of before (fp8_linear/int8_linear=dequantized_weight,
+fp4_linear=dense, lm_head=float, embedding=float). `--extra_options custom_ops_library=none` asks for those forms directly.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+COMPACT = "compact"
+NO_LIBRARY = "none"  # --extra_options custom_ops_library=none
+# the fp32 forms each compact default falls back to (today's pre-compact CPU default)
+FP32_FORMS = {"fp8_linear": "dequantized_weight", "int8_linear": "dequantized_weight", "fp4_linear": "dense"}
+BUILD_COMMAND = "python -m custom_ops.ort_library"
+EMBEDDING = "model.embed_tokens.weight"
+
+
+def is_cpu_default(ep) -> bool:
+    return ep.name == "cpu"
+
+
+def bf16_defaults(options, ckpt, ep, with_library: bool) -> dict:
+    """lm_head / embedding defaults for a BF16 checkpoint on the cpu EP (only keys the user did not give)."""
+    if not is_cpu_default(ep) or not with_library:  # no library: everything as before the compact default
+        return {}
+    out = {}
+    if "embedding" not in options.extra and EMBEDDING in ckpt and ckpt.dtype(EMBEDDING) == "BF16":
+        out["embedding"] = "bf16"
+    head = "lm_head.weight" if "lm_head.weight" in ckpt else EMBEDDING
+    if "lm_head" not in options.extra and head in ckpt and ckpt.dtype(head) == "BF16":
+        out["lm_head"] = "bf16"
+    return out
+
+
+def fp32_ep(ep, options, only=None):
+    """The EP profile with the fp32 forms for every compact default the user did not choose explicitly (`only`: for
+    these keys only)."""
+    return replace(ep, **{k: v for k, v in FP32_FORMS.items() if getattr(ep, k) == COMPACT and k not in options.extra
+                          and (only is None or k in only)})
+
+
+# which default each com.quark_onnx op comes from
+OP_KEYS = {"MatMulFp8": "fp8_linear", "MatMulInt8": "int8_linear", "MatMulMxfp4": "fp4_linear",
+           "MatMulNvfp4": "fp4_linear", "MatMulBf16": "lm_head"}
+
+
+def missing_kernels(plan, library: str, options) -> dict[str, str]:
+    """{default key: op} for the default compact forms whose op `library` has no CPU kernel for (a build older than
+    the op). Keys the user chose explicitly are kept as chosen."""
+    from .custom_ops_library import _SYMBOLS, OP_SYMBOLS
+    symbols = _SYMBOLS.get(str(library), frozenset())
+    out = {}
+    for lp in plan.linears.values():
+        op = getattr(lp.scheme, "custom_op", lambda *_: None)(lp, plan.ep, plan.io)
+        key = OP_KEYS.get(op)
+        if key and key not in options.extra and OP_SYMBOLS[op] not in symbols:
+            out[key] = op
+    return out
+
+
+def missing_note(key: str, op: str, library: str) -> str:
+    return (f"{key}: the dense fp32 form, not the compact default: {library} has no {op} kernel (built before it "
+            f"existed; through its ONNX function ORT would fold the weight to fp32 at load). `{BUILD_COMMAND} "
+            "--force` rebuilds it from the current sources")
+
+
+def find_or_build(build: bool = True, log=None) -> tuple[str | None, str]:
+    """(library path, "") or (None, why). `build`: fetch the header and compile when not built yet (the conversion);
+    False: only look (inspect)."""
+    try:
+        from custom_ops import ort_headers, ort_library
+    except ImportError as exc:
+        return None, f"the custom_ops package is not importable ({exc})"
+    path, why = ort_library.available()
+    if path is not None:
+        return str(path), ""
+    if not build:
+        return None, why
+    if log:
+        log(f"building the custom-op library once ({BUILD_COMMAND}) ...")
+    try:
+        return str(ort_library.build(fetch=True, log=lambda m: None)), ""
+    except (ort_headers.HeadersUnavailable, ort_library.BuildFailed, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, first[:200]
+
+
+def fallback_warning(why: str) -> str:
+    return (f"compact CPU weights unavailable ({why}): writing the dense fp32 forms; run `{BUILD_COMMAND}` "
+            "(a C/C++ compiler, network once for the ORT header) and convert again")

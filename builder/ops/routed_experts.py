@@ -1,0 +1,440 @@
+"""Routed mixture of experts in standard ONNX ops ("gather" form): every EP runs it, and a decoded token reads only
+the k chosen experts' weights.
+
+Each expert projection (gate, up, down; gpt-oss gate_up, down) of a layer becomes one stack of E experts in the
+scheme's own compact encoding, laid out [E, K, N] (in x out, so no transpose at run time):
+    int4/uint4 : codes u8 [E, K, N/2] (two unsigned nibbles per byte: low = column j, high = column j + N/2), zero
+                 points u8 and fp32 scales [E, G, 1, N] (G groups of g along K; per-channel: G = 1)
+    int8/uint8 : int8/uint8 [E, K, N], zero points and fp32 scales [E, G, 1, N]
+    MXFP4      : e2m1 codes u8 [E, K, N/2] (nibbles as for 4-bit), e8m0 scale bytes u8 [E, K/32, 1, N]
+    FP8 e4m3   : weight bytes u8 [E, K, N], fp32 scale [E, 1, 1] (per tensor) or [E, 1, N] (per channel)
+    float      : the io dtype [E, K, N] (experts Quark left float)
+    biases     : [E, 1, N] in the io dtype; static FP8 input scales [E, 1, 1] fp32
+Decoding is exact fp32 arithmetic on the gathered bytes (_decode): nibbles by floor(b / 16), e2m1 values by a
+piecewise-linear formula, Gather(2^(b-127) [256], e8m0 byte) for the MX scales, Gather(e4m3fn values [256], byte) for
+FP8; then (q - zp) * s per group or value * scale: the same fp32 products Quark's dequantizers compute.
+
+    x ─► router ─► TopK ─► idx [T, k], weights [T, k] (and the dense [T, E] routing weights)
+    If (T <= max_tokens):                                                          (T = batch * sequence tokens)
+      routed: Gather(stack, idx) ─► decode ─► W [T, k, K, N] ; x [T, 1, 1, K] ─(input act. quant)─► MatMul
+              ─► [T, k, 1, N] ─► activation ─(down input act. quant)─► MatMul(Gather(down, idx)) ─► [T, k, 1, H]
+              ─► · weights ─► ReduceSum over k
+      else:   the same per chunk of C experts, every token: W [C, K, N], x [T, K] ─► [C, T, N] ... ─► [C, T, H]
+              ─► · dense routing weights (0 off the chosen k) ─► ReduceSum over experts, summed over chunks
+In-expert activation quantization is Quark's, per chosen expert: dynamic MXFP4 on each projection's input
+(ops/mx_activation.py; the gate/up input is the same x for every expert, emulated once before the If), static FP8
+x_q = fp8(clip(x / s_e, +-448)) * s_e with the chosen expert's own input_scale s_e (Gather of [E] scales; written as
+x / s_e ─ unit-scale Q/DQ ─ * s_e, the same float division QuantizeLinear does; float8e4m3fnuz with scale 2 where the
+EP profile says so, builder/ops/fnuz.py).
+
+Why an If: the routed branch materialises T * k decoded expert matrices, which is k/E of the stack per token at
+decode (T = 1) but T * k / E stacks for a prefill of T tokens; past T = E / k it decodes more than every expert once
+(the default max_tokens), so prefill takes the per-chunk dense branch, which decodes each expert once per call.
+MIGraphX reads If (AMDMIGraphX src/onnx/parse_if.cpp, commit f729a52: a condition it can evaluate at parse time,
+as one computed from static input shapes, inlines the chosen branch; otherwise an `if` op with both submodules,
+whose output shapes must agree: both are [T, H] here). The dense branch takes its expert indices from a run-time
+zero (Mul(ReduceMin(idx), 0) + range) so that no optimizer folds the decoded stack into an fp32 constant.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ..quant.float_linear import FloatLinear
+from ..quant.fp8_w8a8 import Fp8W8A8, activation_mode, scalar_scale
+from ..quant.int_weight_only import BITS, IntWeightOnly
+from ..quant.mxfp4 import MXFP4_GROUP, Mxfp4Linear, _e8m0_bytes, emulate_activations, scales_in_io
+from ..quant.mxfp4_fp8 import Mxfp4Fp8Linear
+from ..quant import fp4_codes
+from . import fnuz
+from .mx_activation import Fp4ActivationSpec, emit_fp4_activation_qdq
+
+CHUNK_BYTES = 256 << 20  # dense branch: fp32 bytes of one chunk's decoded projection (bounds its transient memory)
+FP8_MAX = 448.0
+
+
+@dataclass
+class Stack:
+    """One expert projection of one layer, stacked over the E experts (module docstring)."""
+    kind: str                  # int4 | int8 | mxfp4 | fp8 | float
+    k: int
+    n: int
+    groups: int
+    data: str
+    scale: str | None = None
+    zero: str | None = None
+    bias: str | None = None
+    mx_mode: str | None = None         # dynamic MXFP4 input quantization (scale_calculation_mode)
+    fp8_input_scale: str | None = None  # static FP8 input scales [E, 1, 1]
+
+
+def stack_key(plan):
+    """The format every expert of one projection must share to be stacked; None: this form cannot hold it."""
+    scheme, spec = plan.scheme, plan.spec
+    if scheme is FloatLinear:
+        return ("float",)
+    if scheme is IntWeightOnly:
+        w = spec.weight[0]
+        if BITS[w.dtype] == 4 and plan.out_features % 2:
+            return None
+        return ("int", w.dtype, w.qscheme, w.group_size)
+    if scheme is Mxfp4Linear:
+        if plan.out_features % 2:
+            return None
+        a = spec.input_tensors
+        return ("mxfp4", (a[0].scale_calculation_mode or "even") if a else None)
+    if scheme is Mxfp4Fp8Linear:
+        return ("mxfp4_fp8",) if plan.out_features % 2 == 0 else None
+    if scheme is Fp8W8A8:
+        mode = activation_mode(spec)
+        if mode not in ("none", "static") or spec.output_tensors:
+            return None  # dynamic activations: Quark's scale would span the tokens routed to an expert
+        return ("fp8", mode, spec.weight[0].qscheme)
+    return None
+
+
+def applies(experts: list[tuple]) -> bool:
+    """Every projection position has one stackable format across the experts (and one shape)."""
+    for j in range(len(experts[0])):
+        keys = {(stack_key(e[j]), e[j].in_features, e[j].out_features) for e in experts}
+        if len(keys) != 1 or next(iter(keys))[0] is None:
+            return False
+    return True
+
+
+# ---- lookup tables (one per graph) ------------------------------------------------------------------------------
+
+def _lut(g, kind: str) -> str:
+    name = f"moe_routed.lut.{kind}"
+    if g.has(name):
+        return name
+    b = np.arange(256, dtype=np.uint8)
+    if kind == "e8m0":              # e8m0 byte -> 2^(b - 127)
+        table = np.full(256, np.nan, np.float32)  # 255: NaN (refused in weights by Mxfp4Linear.check)
+        table[:255] = np.ldexp(np.float32(1), np.arange(255) - fp4_codes.E8M0_BIAS).astype(np.float32)
+    elif kind == "e4m3fn":
+        table = b.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    else:
+        raise ValueError(kind)
+    return g.initializer(name, table)
+
+
+def _pack_halves(u: np.ndarray) -> np.ndarray:
+    """[K, N] values 0..15 -> [K, N/2] bytes: low nibble = column j, high nibble = column j + N/2 (so that the
+    unpacked halves join with one Concat of contiguous blocks)."""
+    u = u.astype(np.uint8)
+    half = u.shape[1] // 2
+    return (u[:, :half] | (u[:, half:] << 4)).astype(np.uint8)
+
+
+# ---- stacks -----------------------------------------------------------------------------------------------------
+
+def _expert_arrays(ctx, plan) -> dict[str, np.ndarray]:
+    """One expert's tensors in the stack layout (module docstring), without the leading E axis."""
+    scheme, k, n = plan.scheme, plan.in_features, plan.out_features
+    if scheme is FloatLinear:
+        w = ctx.float_weight(plan.weight_name or f"{plan.name}.weight")
+        return {"data": np.ascontiguousarray(np.asarray(w).T)}
+    if scheme is IntWeightOnly:
+        iw = IntWeightOnly.load(plan, ctx.ckpt, ctx.quant.export.pack_method)
+        groups = k // iw.group_size
+        scale = iw.scale.T.reshape(groups, 1, n).astype(np.float32)
+        if iw.bits == 4:
+            u, zpu = iw.to_unsigned()
+            return {"data": _pack_halves(u.T), "zero": zpu.T.reshape(groups, 1, n), "scale": scale}
+        dtype = np.int8 if iw.signed else np.uint8
+        return {"data": np.ascontiguousarray(iw.q.T).astype(dtype), "zero": iw.zp.T.reshape(groups, 1, n)
+                .astype(dtype), "scale": scale}
+    if scheme in (Mxfp4Linear, Mxfp4Fp8Linear):
+        w = Mxfp4Linear.load(plan, ctx.ckpt)
+        if ctx.io != "fp32":
+            scales_in_io(ctx, plan, w)  # refuses scales that vanish or overflow in fp16/bf16, as the dense form
+        out = {"data": _pack_halves(w.codes.T),
+               "scale": np.ascontiguousarray(_e8m0_bytes(ctx.ckpt, f"{plan.name}.weight_scale").T)
+               .reshape(k // MXFP4_GROUP, 1, n)}
+        if scheme is Mxfp4Fp8Linear:
+            out["fp8_input_scale"] = np.full((1, 1), scalar_scale(ctx.ckpt, f"{plan.name}.input_scale"), np.float32)
+        return out
+    if scheme is Fp8W8A8:
+        q, scale = Fp8W8A8.load(plan, ctx.ckpt)
+        out = {"data": np.ascontiguousarray(np.asarray(q).view(np.uint8).T),
+               "scale": scale.reshape(1, -1).astype(np.float32)}  # [1, 1] or [1, N]
+        if activation_mode(plan.spec) == "static":
+            out["fp8_input_scale"] = np.full((1, 1), scalar_scale(ctx.ckpt, f"{plan.name}.input_scale"), np.float32)
+        return out
+    raise AssertionError(scheme)
+
+
+def build_stack(ctx, plans: list, name: str) -> Stack:
+    """Stack one projection of every expert (plans in expert order) into initializers named `name`.*. The big
+    weight tensor is streamed to the data file one expert at a time; scales, zero points and biases are small."""
+    g, first = ctx.graph, plans[0]
+    key = stack_key(first)
+    small: dict[str, list[np.ndarray]] = {}
+    head = _expert_arrays(ctx, first)
+
+    def weights():
+        for e, p in enumerate(plans):
+            arrays = head if e == 0 else _expert_arrays(ctx, p)
+            for role, arr in arrays.items():
+                if role != "data":
+                    small.setdefault(role, []).append(arr)
+            if p.has_bias:
+                small.setdefault("bias", []).append(ctx.float_weight(f"{p.name}.bias").reshape(1, -1))
+            if ctx.progress:
+                ctx.progress(p)
+            yield arrays["data"]
+
+    data = head["data"]
+    names = {"data": g.stream(f"{name}.routed.data", data.dtype, (len(plans), *data.shape), weights())}
+    names.update({role: g.initializer(f"{name}.routed.{role}", np.stack(arrs)) for role, arrs in small.items()})
+    kind = {"float": "float", "mxfp4": "mxfp4", "mxfp4_fp8": "mxfp4", "fp8": "fp8"}.get(key[0])
+    if key[0] == "int":
+        kind = "int4" if BITS[key[1]] == 4 else "int8"
+    groups = int(head["scale"].shape[0]) if kind in ("int4", "int8", "mxfp4") else 1
+    mx_mode = key[1] if key[0] == "mxfp4" and emulate_activations(ctx) else None
+    return Stack(kind, first.in_features, first.out_features, groups, names["data"], names.get("scale"),
+                 names.get("zero"), names.get("bias"), mx_mode, names.get("fp8_input_scale"))
+
+
+# ---- decoding a gathered stack ----------------------------------------------------------------------------------
+
+def _decode(ctx, st: Stack, idx: str, nb: int, p: str) -> str:
+    """Gather(stack, idx) -> the chosen experts' weights [..., K, N] in the io dtype; nb: rank of idx.
+    Elementwise arithmetic on the gathered bytes (ONNX Runtime's CPU Gather is slow for table lookups of single
+    elements; Cast / Floor / Mul / Sub / Relu are vectorized everywhere), every step exact in fp32:
+      4-bit byte b: hi = floor(b / 16), lo = b - 16 hi; Concat(lo, hi) restores the [K, N] codes
+      e2m1 code c: s = floor(c / 8), m = c - 8 s; |v| = m/2 + relu(m - 4)/2 + relu(m - 6)  (0, .5, 1, 1.5, 2, 3, 4, 6);
+                   v = |v| (1 - 2 s)
+      then (q - zp) * scale per group along K (integers), v * 2^(e - 127) (MXFP4), e4m3 value * scale (FP8)."""
+    g = ctx.graph
+    keep = [0] * nb
+
+    def gather(tensor, tag):
+        return g.op("Gather", [tensor, idx], f"{p}/Gather{tag}", axis=0)
+
+    def const(tag, value):
+        name = f"moe_routed.const.{tag}"
+        return name if g.has(name) else g.scalar(name, value, np.float32)
+
+    raw = gather(st.data, "Weight")
+    if st.kind == "float":
+        return raw
+    if st.kind == "fp8":
+        codes = g.op("Cast", [raw], f"{p}/CodesToInt", to=TensorProto.INT32)
+        w = g.op("Mul", [g.op("Gather", [_lut(g, "e4m3fn"), codes], f"{p}/E4m3", axis=0),
+                         gather(st.scale, "Scale")], f"{p}/MulScale")
+    else:
+        w = g.op("Cast", [raw], f"{p}/ToFloat", to=TensorProto.FLOAT)
+        if st.kind in ("int4", "mxfp4"):
+            hi = g.op("Floor", [g.op("Mul", [w, const("sixteenth", 0.0625)], f"{p}/Div16")], f"{p}/High")
+            lo = g.op("Sub", [w, g.op("Mul", [hi, const("sixteen", 16.0)], f"{p}/High16")], f"{p}/Low")
+            w = g.op("Concat", [lo, hi], f"{p}/Codes", axis=-1)                    # [..., K, N]
+        if st.kind == "mxfp4":
+            sign = g.op("Floor", [g.op("Mul", [w, const("eighth", 0.125)], f"{p}/Div8")], f"{p}/Sign")
+            m = g.op("Sub", [w, g.op("Mul", [sign, const("eight", 8.0)], f"{p}/Sign8")], f"{p}/Magnitude")
+            half = const("half", 0.5)
+            v = g.op("Mul", [m, half], f"{p}/HalfM")
+            v = g.op("Add", [v, g.op("Mul", [g.op("Relu", [g.op("Sub", [m, const("four", 4.0)], f"{p}/M4")],
+                                                  f"{p}/Relu4"), half], f"{p}/HalfRelu4")], f"{p}/Add4")
+            v = g.op("Add", [v, g.op("Relu", [g.op("Sub", [m, const("six", 6.0)], f"{p}/M6")], f"{p}/Relu6")],
+                     f"{p}/Add6")
+            sgn = g.op("Sub", [const("one", 1.0), g.op("Mul", [sign, const("two", 2.0)], f"{p}/Sign2")],
+                       f"{p}/SignFactor")
+            w = g.op("Mul", [v, sgn], f"{p}/E2m1")
+        grouped = g.op("Reshape", [w, g.const_i64(f"{p}/group_shape", keep + [st.groups, st.k // st.groups, st.n])],
+                       f"{p}/Groups")
+        scale = gather(st.scale, "Scale")                                          # [..., G, 1, N]
+        if st.kind == "mxfp4":
+            scale = g.op("Gather", [_lut(g, "e8m0"), g.op("Cast", [scale], f"{p}/ScaleToInt", to=TensorProto.INT32)],
+                         f"{p}/E8m0", axis=0)
+        else:
+            zp = g.op("Cast", [gather(st.zero, "Zero")], f"{p}/ZeroToFloat", to=TensorProto.FLOAT)
+            grouped = g.op("Sub", [grouped, zp], f"{p}/SubZero")
+        w = g.op("Reshape", [g.op("Mul", [grouped, scale], f"{p}/MulScale"),
+                             g.const_i64(f"{p}/kn_shape", keep + [st.k, st.n])], f"{p}/Dequantized")
+    if ctx.io != "fp32":
+        w = g.op("Cast", [w], f"{p}/CastIo", to=ctx.io_type)
+    return w
+
+
+def _fp8_input(ctx, st: Stack, x: str, idx: str, p: str) -> str:
+    """Quark's static FP8 input fake-quantization with each chosen expert's own scale (broadcast over x)."""
+    g = ctx.graph
+    s = g.op("Gather", [st.fp8_input_scale, idx], f"{p}/GatherInputScale", axis=0)
+    if ctx.io != "fp32":
+        s = g.op("Cast", [s], f"{p}/InputScaleIo", to=ctx.io_type)
+    xs = g.op("Div", [x, s], f"{p}/DivInputScale")
+    if fnuz.applies(ctx):
+        hi = g.scalar(f"{p}/fp8_max", FP8_MAX, ctx.io_np)
+        lo = g.scalar(f"{p}/fp8_min", -FP8_MAX, ctx.io_np)
+        u = fnuz.unit_qdq(ctx, fnuz.saturate(g, xs, lo, hi, f"{p}/Saturate"), f"{p}/input_quant")
+    else:  # QuantizeLinear saturates float8e4m3fn at +-448 (saturate=1), rounding to nearest even
+        one = g.scalar(f"{p}/unit_scale", 1.0, ctx.io_np)
+        zp = g.initializer(f"{p}/zero_point", np.zeros((), ml_dtypes.float8_e4m3fn))
+        q = g.op("QuantizeLinear", [xs, one, zp], f"{p}/input_quant/QuantizeLinear")
+        u = g.op("DequantizeLinear", [q, one, zp], f"{p}/input_quant/DequantizeLinear")
+    return g.op("Mul", [u, s], f"{p}/MulInputScale")
+
+
+def _project(ctx, st: Stack, x: str, idx: str, nb: int, p: str, mx_done: bool = False) -> str:
+    """x [..., K] (broadcast against the chosen experts) -> x_q @ W (+ bias) for the experts in idx."""
+    g = ctx.graph
+    if st.mx_mode is not None and not mx_done:
+        x = emit_fp4_activation_qdq(ctx, x, Fp4ActivationSpec("mxfp4", MXFP4_GROUP, st.mx_mode), p)
+    if st.fp8_input_scale is not None:
+        x = _fp8_input(ctx, st, x, idx, p)
+    y = g.op("MatMul", [x, _decode(ctx, st, idx, nb, f"{p}/weight")], f"{p}/MatMul")
+    if st.bias is not None:
+        y = g.op("Add", [y, g.op("Gather", [st.bias, idx], f"{p}/GatherBias", axis=0)], f"{p}/BiasAdd")
+    return y
+
+
+# ---- the block --------------------------------------------------------------------------------------------------
+
+@dataclass
+class Routing:
+    """Main-graph values: idx [T, k] int64, weights [T, k] and dense [T, E] in the io dtype."""
+    idx: str
+    weights: str
+    dense: str
+
+
+def routing_from_topk(ctx, top_idx: str, top_w: str, dense: str, top_k: int, num_experts: int, name: str,
+                      prefix: str) -> Routing:
+    """[B, S, k] / [B, S, E] router outputs -> token rows, weights in the io dtype."""
+    g = ctx.graph
+    rows_k = g.const_i64(f"{name}.routed.rows_k", [-1, top_k])
+    rows_e = g.const_i64(f"{name}.routed.rows_e", [-1, num_experts])
+    if ctx.io != "fp32":
+        top_w = g.op("Cast", [top_w], f"{prefix}/router/TopWeightsIo", to=ctx.io_type)
+    return Routing(g.op("Reshape", [top_idx, rows_k], f"{prefix}/router/IdxRows"),
+                   g.op("Reshape", [top_w, rows_k], f"{prefix}/router/WeightRows"),
+                   g.op("Reshape", [dense, rows_e], f"{prefix}/router/DenseRows"))
+
+
+def routing_from_dense(ctx, dense: str, top_k: int, num_experts: int, name: str, prefix: str) -> Routing:
+    """Dense weights [B, S, E] that are 0 exactly off the chosen k (and > 0 on them) -> Routing (their TopK is the
+    router's choice: DeepSeek's grouped router, builder/ops/grouped_topk_router.py)."""
+    g = ctx.graph
+    vals, idx = g.node("TopK", [dense, g.const_i64(f"{name}.routed.top_k", [top_k])], f"{prefix}/router/Chosen",
+                       outputs=2, axis=-1, largest=1, sorted=1)
+    rows_k = g.const_i64(f"{name}.routed.rows_k", [-1, top_k])
+    rows_e = g.const_i64(f"{name}.routed.rows_e", [-1, num_experts])
+    return Routing(g.op("Reshape", [idx, rows_k], f"{prefix}/router/IdxRows"),
+                   g.op("Reshape", [vals, rows_k], f"{prefix}/router/WeightRows"),
+                   g.op("Reshape", [dense, rows_e], f"{prefix}/router/DenseRows"))
+
+
+def silu_activation(ctx, ys: list[str], p: str) -> str:
+    g = ctx.graph
+    gate, up = ys
+    return g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}/act/Sigmoid")], f"{p}/act/Silu"), up],
+                f"{p}/act/Mul")
+
+
+def _expert_mlp(ctx, first: list[Stack], down: Stack, xs: list[str], idx: str, nb: int, activation, p: str,
+                mx_done: bool) -> str:
+    ys = [_project(ctx, st, x, idx, nb, f"{p}/{j}", mx_done) for j, (st, x) in enumerate(zip(first, xs))]
+    return _project(ctx, down, activation(ctx, ys, p), idx, nb, f"{p}/down")
+
+
+def max_routed_tokens(ctx, num_experts: int, top_k: int) -> int:
+    given = ctx.options.extra.get("moe_routed_tokens")
+    return int(given) if given is not None else max(1, num_experts // top_k)
+
+
+def emit_routed_experts(ctx, x: str, routing: Routing, experts: list[tuple], activation, top_k: int, name: str,
+                        prefix: str) -> str:
+    """x [B, S, H] -> the routed experts' weighted sum [B, S, H] (module docstring). experts: tuples of plans,
+    the last one the down projection; activation(ctx, [outputs of the first ones], prefix) -> its input."""
+    g = ctx.graph
+    e_count = len(experts)
+    hidden = experts[0][0].in_features
+    stacks = [build_stack(ctx, [e[j] for e in experts], f"{name}.experts.{j}") for j in range(len(experts[0]))]
+    first, down = stacks[:-1], stacks[-1]
+    xt = g.op("Reshape", [x, g.const_i64(f"{name}.routed.token_rows", [-1, hidden])], f"{prefix}/routed/Tokens")
+    # the same dynamic MXFP4 activation of x for every expert: once, outside the If (its cache must not hand a
+    # value made in one branch to the other)
+    xs = [emit_fp4_activation_qdq(ctx, xt, Fp4ActivationSpec("mxfp4", MXFP4_GROUP, st.mx_mode), f"{prefix}/routed")
+          if st.mx_mode is not None else xt for st in first]
+    idx = routing.idx
+
+    # routed branch: [T, k] experts per token
+    start = len(g.nodes)
+    p = f"{prefix}/routed"
+    col = g.const_i64(f"{name}.routed.row_shape", [-1, 1, 1, hidden])
+    xr = [g.op("Reshape", [xi, col], f"{p}/Rows{j}") for j, xi in enumerate(xs)]
+    y = _expert_mlp(ctx, first, down, xr, idx, 2, activation, p, mx_done=True)  # [T, k, 1, H]
+    w = g.op("Unsqueeze", [routing.weights, g.const_i64(f"{name}.routed.w_axes", [2, 3])], f"{p}/WeightCols")
+    y = g.op("ReduceSum", [g.op("Mul", [y, w], f"{p}/Weighted"), g.const_i64(f"{name}.routed.k_axis", [1])],
+             f"{p}/SumChosen", keepdims=0)                                          # [T, 1, H]
+    routed_out = g.op("Reshape", [y, g.const_i64(f"{name}.routed.out_rows", [-1, hidden])], f"{p}/Out")
+    routed_nodes = g.nodes[start:]
+    del g.nodes[start:]
+
+    # dense branch: chunks of C experts, every token
+    start = len(g.nodes)
+    p = f"{prefix}/all_experts"
+    widest = max(st.k * st.n for st in stacks)
+    chunk = int(max(1, min(e_count, CHUNK_BYTES // (4 * widest))))
+    zero = g.op("Mul", [g.op("ReduceMin", [idx], f"{p}/IdxMin", keepdims=0),
+                        g.scalar(f"{name}.routed.zero_i64", 0, np.int64)], f"{p}/RunTimeZero")
+    outs = []
+    last_axis = g.const_i64(f"{name}.routed.last_axis", [-1])
+    e_axis = g.const_i64(f"{name}.routed.e_axis", [0])
+    for c0 in range(0, e_count, chunk):
+        c1 = min(e_count, c0 + chunk)
+        q = f"{p}/chunk{c0}"
+        ids = g.op("Add", [g.const_i64(f"{name}.routed.chunk{c0}", list(range(c0, c1))), zero], f"{q}/Experts")
+        y = _expert_mlp(ctx, first, down, xs, ids, 1, activation, q, mx_done=True)  # [C, T, H]
+        wc = g.op("Gather", [routing.dense, ids], f"{q}/GatherWeights", axis=1)      # [T, C]
+        wc = g.op("Unsqueeze", [g.op("Transpose", [wc], f"{q}/WeightsT", perm=[1, 0]),
+                                last_axis], f"{q}/WeightCols")
+        outs.append(g.op("ReduceSum", [g.op("Mul", [y, wc], f"{q}/Weighted"), e_axis], f"{q}/SumExperts",
+                         keepdims=0))
+    dense_out = outs[0] if len(outs) == 1 else g.op("Sum", outs, f"{p}/SumChunks")
+    dense_nodes = g.nodes[start:]
+    del g.nodes[start:]
+
+    tokens = g.op("Shape", [xt], f"{prefix}/routed/TokenCount", start=0, end=1)
+    limit = g.const_i64(f"{name}.routed.max_tokens", [max_routed_tokens(ctx, e_count, top_k)])
+    cond = g.op("LessOrEqual", [tokens, limit], f"{prefix}/routed/FewTokens")
+    out_info = lambda v: helper.make_tensor_value_info(v, ctx.io_type, None)  # noqa: E731
+    then_g = helper.make_graph(routed_nodes, f"{name}.routed", [], [out_info(routed_out)])
+    else_g = helper.make_graph(dense_nodes, f"{name}.all_experts", [], [out_info(dense_out)])
+    y = g.op("If", [cond], f"{prefix}/routed/If", then_branch=then_g, else_branch=else_g)
+    return g.op("Reshape", [y, g.op("Shape", [x], f"{prefix}/routed/InShape")], f"{prefix}/routed/OutShape")
+
+
+def gathered_bytes_per_token(model: onnx.ModelProto) -> dict[str, int]:
+    """{If node name: bytes of the initializers its routed (then) branch Gathers per token}: for each Gather whose
+    data is a stacked [E, ...] initializer and whose indices are the routing rows [T, k], k/E of its bytes."""
+    sizes = {t.name: (list(t.dims), onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize)
+             for t in model.graph.initializer}
+    out = {}
+    for node in model.graph.node:
+        if node.op_type != "If":
+            continue
+        then_g = next(a.g for a in node.attribute if a.name == "then_branch")
+        total = 0.0
+        for n in then_g.node:
+            if n.op_type == "Gather" and n.input[0] in sizes and ".routed." in n.input[0]:
+                dims, item = sizes[n.input[0]]
+                k = _k_of(model, n.input[1])
+                total += int(np.prod(dims, dtype=np.int64)) * item * k / dims[0]
+        out[node.name] = int(round(total))
+    return out
+
+
+def _k_of(model: onnx.ModelProto, idx: str) -> int:
+    """k of the routing rows value `idx` (Reshape(top_idx, [-1, k]))."""
+    consts = {t.name: t for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.output and n.output[0] == idx and n.op_type == "Reshape":
+            return int(onnx.numpy_helper.to_array(consts[n.input[1]])[-1])
+    raise KeyError(idx)

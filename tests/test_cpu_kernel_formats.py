@@ -1,0 +1,244 @@
+"""CPU kernels of every compact weight format (custom_ops/src/qo_cpu_kernels.c) against an independent numpy float64
+decoding of each format written here (not custom_ops/reference.py), and their one fixed summation order: the AVX2
+path, the portable C path (QO_CPU_KERNELS=portable), builds with no SIMD at all and with -march=native, 1 and 2
+threads, and every row count M give the same bits (qo_kernels.h)."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import subprocess
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from custom_ops import native
+
+SRC = Path(native.SOURCE_DIR)
+# float32 sums of K products against float64, relative to sum |a||w| (measured in this file's shapes: <= 1.3e-7)
+REL_FP32 = 3e-7
+REL_FP16 = 4e-4  # plus the fp16 rounding of Y
+
+
+# ---------------- independent decoders (float64) ----------------
+def e4m3fn_values(codes: np.ndarray) -> np.ndarray:
+    c = np.asarray(codes, np.uint8).astype(np.int64)
+    sign = np.where(c & 0x80, -1.0, 1.0)
+    e, m = (c >> 3) & 0xF, c & 0x7
+    mag = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1 + m / 8.0) * 2.0 ** (e - 7.0))
+    return np.where((c & 0x7F) == 0x7F, np.nan, sign * mag)
+
+
+E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def e2m1_unpack(packed: np.ndarray) -> np.ndarray:
+    p = np.asarray(packed, np.uint8)
+    codes = np.empty(p.shape[:-1] + (p.shape[-1] * 2,), np.uint8)
+    codes[..., 0::2], codes[..., 1::2] = p & 0xF, p >> 4
+    return E2M1[codes]
+
+
+def mxfp4_weight(packed, scales):
+    s = np.asarray(scales, np.float64)
+    return e2m1_unpack(packed) * np.repeat(np.where(s == 255, np.nan, 2.0 ** (s - 127)), 32, axis=1)
+
+
+def nvfp4_weight(packed, scales, scale_2):
+    # Quark's order: block scale rounded once to float32, then e2m1 * block scale rounded to float32
+    block = (e4m3fn_values(scales).astype(np.float32) * np.float32(scale_2)).astype(np.float32)
+    return (e2m1_unpack(packed).astype(np.float32) * np.repeat(block, 16, axis=1)).astype(np.float64)
+
+
+def bf16_weight(bits):
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+# ---------------- random inputs per format: (kernel call, float64 weight, post scale [N]) ----------------
+def make_case(fmt: str, rng, n: int, k: int):
+    if fmt == "fp8":
+        codes = rng.integers(0, 256, (n, k), dtype=np.uint8)
+        codes[(codes & 0x7F) == 0x7F] = 0x42  # NaN codes tested separately
+        scale = rng.uniform(0.5, 2, n).astype(np.float32)
+        return (lambda a: native.matmul_fp8(a, codes, scale)), e4m3fn_values(codes) * scale[:, None].astype(np.float64)
+    if fmt == "int8":
+        q = rng.integers(-128, 128, (n, k), dtype=np.int8)
+        scale = np.float32(0.01)
+        return (lambda a: native.matmul_int8(a, q, scale)), q.astype(np.float64) * np.float64(scale)
+    if fmt == "bf16":
+        bits = (rng.standard_normal((n, k)) * 0.05).astype(ml_dtypes.bfloat16).view(np.uint16)
+        return (lambda a: native.matmul_bf16(a, bits)), bf16_weight(bits)
+    if fmt == "mxfp4":
+        packed = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+        scales = rng.integers(118, 136, (n, k // 32), dtype=np.uint8)
+        return (lambda a: native.matmul_mxfp4(a, packed, scales)), mxfp4_weight(packed, scales)
+    if fmt == "nvfp4":
+        packed = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+        scales = rng.integers(0x08, 0x7E, (n, k // 16), dtype=np.uint8)  # positive e4m3, no NaN
+        s2 = np.float32(0.0123)
+        return (lambda a: native.matmul_nvfp4(a, packed, scales, s2)), nvfp4_weight(packed, scales, s2)
+    raise ValueError(fmt)
+
+
+FORMATS = ["fp8", "int8", "bf16", "mxfp4", "nvfp4"]
+# (N, K): K not a multiple of 8 / 32 where the format allows, N not a multiple of the 4 / 3 / 48-row tiles
+SHAPES = {"fp8": [(37, 203), (130, 1000)], "int8": [(37, 203), (130, 1000)], "bf16": [(37, 203), (130, 1000)],
+          "mxfp4": [(37, 224), (130, 1024)], "nvfp4": [(37, 208), (130, 1040)]}
+
+
+def rel_error(y, a, w):
+    a64 = a.astype(np.float64).reshape(-1, a.shape[-1])
+    bound = np.abs(a64) @ np.abs(w).T + 1e-30
+    return float(np.max(np.abs(y.reshape(bound.shape).astype(np.float64) - a64 @ w.T) / bound))
+
+
+@pytest.fixture
+def portable(monkeypatch):
+    def set_portable(on: bool):
+        if on:
+            monkeypatch.setenv("QO_CPU_KERNELS", "portable")
+        else:
+            monkeypatch.delenv("QO_CPU_KERNELS", raising=False)
+    return set_portable
+
+
+def omp_threads(n: int) -> None:
+    native.load_library()
+    gomp = ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1")
+    gomp.omp_set_num_threads(n)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_matches_float64_decoding_and_one_order(fmt, portable):
+    rng = np.random.default_rng(hash(fmt) % 2**32)
+    for n, k in SHAPES[fmt]:
+        call, w = make_case(fmt, rng, n, k)
+        a = (rng.standard_normal((128, k)) * np.logspace(-2, 2, k)).astype(np.float32)
+        omp_threads(2)
+        y = call(a)
+        assert y.dtype == np.float32 and y.shape == (128, n)
+        rel = rel_error(y, a, w)
+        assert rel <= REL_FP32, f"{fmt} N={n} K={k}: rel {rel:.3g}"
+        for m in (1, 2, 3, 4, 5, 7):  # GEMV (M <= 4) and panel tiles: the rows' bits do not change
+            assert np.array_equal(call(a[:m]), y[:m]), f"{fmt} M={m}"
+        assert np.array_equal(call(a[61:64]), y[61:64])
+        omp_threads(1)
+        assert np.array_equal(call(a), y), f"{fmt}: 1 thread"
+        portable(True)
+        assert np.array_equal(call(a), y), f"{fmt}: portable C path"
+        assert np.array_equal(call(a[:1]), y[:1]), f"{fmt}: portable C path, M=1"
+        portable(False)
+        omp_threads(2)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fp16_activations(fmt):
+    rng = np.random.default_rng(7)
+    n, k = SHAPES[fmt][0]
+    call, w = make_case(fmt, rng, n, k)
+    a = rng.standard_normal((3, k)).astype(np.float16)
+    y = call(a)
+    assert y.dtype == np.float16
+    assert rel_error(y, a, w) <= REL_FP16
+    assert np.array_equal(y, call(a.astype(np.float32)).astype(np.float16))  # widen exactly, round Y once
+
+
+def test_nan_and_special_codes():
+    rng = np.random.default_rng(3)
+    n, k = 9, 72
+    a = rng.standard_normal((3, k)).astype(np.float32)
+    # FP8: NaN codes 0x7F / 0xFF poison their row; subnormals, -0 and +-448 decode exactly
+    codes = rng.integers(0, 256, (n, k), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0
+    codes[0, :16] = np.arange(16, dtype=np.uint8) | 0x80 * (np.arange(16) % 2).astype(np.uint8)  # subnormals, -0
+    codes[1, 5], codes[2, 70], codes[3, 0] = 0x7F, 0xFF, 0x7E
+    y = native.matmul_fp8(a, codes, np.float32(1))
+    assert np.isnan(y[:, 1]).all() and np.isnan(y[:, 2]).all() and not np.isnan(np.delete(y, [1, 2], 1)).any()
+    a6 = np.concatenate([a, a])  # M = 6: the decoded-panel path
+    assert np.array_equal(native.matmul_fp8(a6, codes, np.float32(1))[:3], y, equal_nan=True)
+    w = e4m3fn_values(codes)
+    ok = [i for i in range(n) if i not in (1, 2)]
+    assert rel_error(y[:, ok], a, w[ok]) <= REL_FP32
+    # MXFP4: a NaN e8m0 block (255) poisons its row; every e2m1 code in both nibbles
+    packed = np.tile(np.arange(256, dtype=np.uint8), (n, 1))[:, : k // 2 * 2][:, :64]
+    a64 = rng.standard_normal((2, 128)).astype(np.float32)
+    scales = np.full((n, 4), 127, np.uint8)
+    scales[4, 2] = 255
+    scales[5, :] = 0  # 2^-127: the smallest scale, a float32 subnormal
+    y = native.matmul_mxfp4(a64, packed, scales)
+    assert np.isnan(y[:, 4]).all() and not np.isnan(np.delete(y, 4, 1)).any()
+    w = mxfp4_weight(packed, scales)
+    keep = [i for i in range(n) if i not in (4, 5)]
+    assert rel_error(y[:, keep], a64, w[keep]) <= REL_FP32
+    assert np.allclose(y[:, 5], (a64.astype(np.float64) @ w[5]), rtol=1e-6, atol=0)
+    # NVFP4: a NaN block scale poisons its row
+    packed = rng.integers(0, 256, (n, 64), dtype=np.uint8)
+    scales = rng.integers(0x08, 0x7E, (n, 8), dtype=np.uint8)
+    scales[6, 1] = 0x7F
+    y = native.matmul_nvfp4(a64, packed, scales, np.float32(0.5))
+    assert np.isnan(y[:, 6]).all() and not np.isnan(np.delete(y, 6, 1)).any()
+
+
+def test_w8a8_quantizes_like_quark_fp8():
+    """MatMulFp8W8A8: a_q = e4m3(A / s) (Quark's FP8 fake quantizer divides; see qo_kernels.h), not A * (1/s)."""
+    rng = np.random.default_rng(5)
+    n, k, s = 16, 512, np.float32(0.0371)
+    # activations next to the e4m3 rounding midpoints, where x / s and x * fp32(1/s) can round to different codes
+    grid = np.unique(np.abs(e4m3fn_values(np.arange(0x08, 0x7F, dtype=np.uint8))))
+    mids = ((grid[1:] + grid[:-1]) / 2 * np.float64(s)).astype(np.float32)
+    near = np.concatenate([mids + d * np.spacing(mids) for d in range(-3, 4)]).astype(np.float32)
+    q = lambda x: np.clip(x, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    tell = near[q(near / s) != q(near * (np.float32(1) / s))]
+    assert tell.size >= 4  # the two forms differ on these inputs, so the test can tell them apart
+    a = rng.choice(np.concatenate([tell, -tell]), (2, k)).astype(np.float32)
+    div, mul = q(a / s), q(a * (np.float32(1) / s))
+    codes = rng.integers(0, 0x7E, (n, k), dtype=np.uint8)
+    w = e4m3fn_values(codes)
+    y = native.matmul_fp8_w8a8(a, codes, np.float32(1), s).astype(np.float64)
+    ref_div = (div @ w.T) * np.float64(s)
+    ref_mul = (mul @ w.T) * np.float64(s)
+    bound = (np.abs(div) @ np.abs(w).T) * np.float64(s)
+    assert np.max(np.abs(y - ref_div) / bound) <= REL_FP32
+    assert np.max(np.abs(y - ref_mul) / bound) > 10 * REL_FP32
+
+
+def _build_variant(tmp_path: Path, label: str, flags: list[str]) -> str:
+    lib = tmp_path / f"libqo_{label}.so"
+    subprocess.run(["cc", "-O3", "-fPIC", "-shared", "-fopenmp", "-std=c99", *flags, "-I", str(SRC),
+                    str(SRC / "qo_cpu_kernels.c"), str(SRC / "qo_version.c"), "-lm", "-o", str(lib)], check=True)
+    return str(lib)
+
+
+def test_same_bits_from_builds_without_simd_and_native(tmp_path):
+    """A build with no x86 SIMD dispatch at all (-DQO_PORTABLE_ONLY: baseline x86-64, fmaf in libm) and one with
+    -march=native (fmaf inlined as vfmadd) give the bits of the shipped library's AVX2 path."""
+    rng = np.random.default_rng(11)
+    n, k = 53, 1000
+    codes = rng.integers(0, 0x7E, (n, k), dtype=np.uint8)
+    scale = rng.uniform(0.5, 2, n).astype(np.float32)
+    a = (rng.standard_normal((6, k)) * np.logspace(-3, 3, k)).astype(np.float32)
+    y = native.matmul_fp8(a, codes, scale)
+    f32p, i64 = ctypes.c_void_p, ctypes.c_int64
+    for label, flags in {"portable": ["-DQO_PORTABLE_ONLY"], "native": ["-DQO_PORTABLE_ONLY", "-march=native"]}.items():
+        fn = ctypes.CDLL(_build_variant(tmp_path, label, flags)).qo_matmul_fp8_f32
+        fn.argtypes = [f32p, f32p, f32p, i64, f32p, i64, i64, i64]
+        out = np.empty_like(y)
+        assert fn(a.ctypes.data, codes.ctypes.data, scale.ctypes.data, n, out.ctypes.data, 6, n, k) == 0
+        assert np.array_equal(out, y), label
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "bf16"])
+def test_tiny_shapes(fmt, portable):
+    """K below one 8-lane step, exactly one step, one 32-element chunk plus a tail; N = 1; M on both paths."""
+    rng = np.random.default_rng(13)
+    for n, k in [(1, 5), (5, 8), (4, 39), (2, 1)]:
+        call, w = make_case(fmt, rng, n, k)
+        a = rng.standard_normal((6, k)).astype(np.float32)
+        y = call(a)
+        assert rel_error(y, a, w) <= REL_FP32, f"{fmt} N={n} K={k}"
+        assert np.array_equal(call(a[:1]), y[:1]) and np.array_equal(call(a[:3]), y[:3])
+        portable(True)
+        assert np.array_equal(call(a), y), f"{fmt} N={n} K={k}: portable"
+        portable(False)
