@@ -287,8 +287,7 @@ def _quantized_reference(root: Path, recipe: QuantRecipe, out: Path | None):
         # amd-quark 0.13's importer cannot build the softmax quantizer on CPU (prepare_for_attention_quant ->
         # StaticScaledRealQuantizer(device="cuda"): "Torch not compiled with CUDA enabled"): the reference is the
         # frozen in-memory model (made again for the long reference: same float model, recipe and calibration),
-        # Quark's own fake-quantized forward, with the output scales the export wrote (issue 21).
-        _use_exported_output_scales(model, out if out is not None else export_dir_for(root, recipe))
+        # Quark's own fake-quantized forward.
         return model, tokenizer, "frozen in-memory Quark model (the importer needs CUDA for attention_scheme)", timings
     if out is not None:
         del model
@@ -297,32 +296,6 @@ def _quantized_reference(root: Path, recipe: QuantRecipe, out: Path | None):
     ref = import_model_from_safetensors(None, str(export / "quark"), device="cpu").float().eval()
     _memoize_weights(ref)
     return ref, tokenizer, "quark.torch.import_model_from_safetensors", timings
-
-
-def _use_exported_output_scales(model, export: Path) -> int:
-    """Give the frozen model's output quantizers the scales its export holds. Measured (issue 21): amd-quark 0.13's
-    export writes one KV scale for both k_proj and v_proj (layer 0: v_proj.output_scale 0.02252 = k_proj's, while the
-    frozen model quantizes V with its own 0.001342), and a converter can only read the file; without this the
-    FP8-attention reference quantized V 16.8x finer than any model built from the checkpoint."""
-    import torch
-    from safetensors import safe_open
-
-    changed = 0
-    for path in sorted((export / "quark").glob("*.safetensors")):
-        with safe_open(str(path), "pt") as f:
-            keys = set(f.keys())
-            for name, mod in model.named_modules():
-                key = f"{name}.output_scale"
-                if key not in keys:
-                    continue
-                quantizers = {id(q): q for q in (getattr(mod, "_output_quantizer", None),
-                                                 getattr(mod, "output_quantizer", None)) if q is not None}
-                for q in quantizers.values():
-                    if getattr(q, "scale", None) is not None:
-                        with torch.no_grad():
-                            q.scale.copy_(f.get_tensor(key).to(q.scale.dtype).reshape(q.scale.shape))
-                        changed += 1
-    return changed
 
 
 def _long_tensor(x):
