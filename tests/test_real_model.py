@@ -24,6 +24,7 @@ The exports are made once (one Quark subprocess for all schemes) and cached unde
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,9 @@ def real_exports_long(real_exports):
 
 
 @pytest.mark.heavy
+@pytest.mark.skipif(os.environ.get("QO_REAL_LONG") != "1",
+                    reason="the 1,024-token real-model evaluation runs only with QO_REAL_LONG=1: it has not been run to "
+                           "completion yet, so CI does not depend on it")
 @pytest.mark.parametrize("name", ACTIVATION)
 def test_real_model_1024_tokens_within_noise_floor(real_exports_long, name, tmp_path):
     """Issue 21: the agreement holds past the default test's prefill length (LONG_TOKENS teacher-forced tokens)."""
