@@ -45,8 +45,10 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 EXPORT = "uint4_g64_lmhead_down_g32"
-# CPU-only build of llama.cpp inside llama-cpp-python's wheel (GGML_* option names: llama.cpp ggml/CMakeLists.txt).
-LLAMA_CMAKE_ARGS = "-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF"
+# CPU-only build of llama.cpp inside llama-cpp-python's wheel (GGML_* options: llama.cpp ggml/CMakeLists.txt;
+# LLAVA_BUILD: llama-cpp-python's CMakeLists.txt, off skips the multimodal library, which llama_cpp imports lazily).
+LLAMA_CMAKE_ARGS = ("-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF "
+                    "-DLLAMA_CURL=OFF -DLLAVA_BUILD=OFF")
 PROMPT = ("The lighthouse keeper climbed the one hundred and twelve steps every evening. At the top he cleaned the "
           "glass, trimmed the wick and wrote three lines in the logbook. One night")
 
