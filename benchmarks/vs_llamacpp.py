@@ -304,16 +304,22 @@ class LlamaCpp:
     def __init__(self, llama_cpp, path: Path, cores: int, n_ctx: int):
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_threads=cores,
                                    n_threads_batch=cores, logits_all=False, verbose=False)
+        self.n_vocab = self.llm.n_vocab()
+
+    def _argmax(self) -> int:
+        # Llama.eval leaves llm.scores unfilled without logits_all (llama_cpp/llama.py): read the last row directly.
+        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(self.n_vocab,))
+        return int(np.argmax(logits))
 
     def run(self, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
         llm = self.llm
         llm.reset()
         llm.eval(prompt)
-        out = [int(np.argmax(llm.scores[llm.n_tokens - 1]))]
+        out = [self._argmax()]
         t0 = time.perf_counter()
-        for _ in range(tokens):  # one token per eval: the same greedy step og's generate_next_token does
+        for _ in range(tokens):  # one model run on the last token + argmax: og's generate_next_token
             llm.eval([out[-1]])
-            out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            out.append(self._argmax())
         return tokens / (time.perf_counter() - t0), out
 
 
