@@ -78,14 +78,16 @@ def quark_export(root: Path) -> Path:
     return path / "quark"
 
 
-def convert_ours(src: Path, work: Path, cores: int) -> dict[str, Path]:
+def convert_ours(src: Path, work: Path, cores: int, reuse: bool = False) -> dict[str, Path]:
+    """-e cpu outputs of `src`: default options and accuracy_level=1; `reuse` keeps outputs already under `work`."""
     from builder.__main__ import parse_extra_options
     from builder.convert import convert
 
     outs = {}
     for label, extra in (("ours default", []), ("ours accuracy_level=1", ["accuracy_level=1"])):
         dst = work / ("onnx_default" if not extra else "onnx_al1")
-        convert(src, dst, "cpu", options=parse_extra_options(extra), log=lambda m: None, overwrite=True)
+        if not (reuse and (dst / "genai_config.json").is_file()):
+            convert(src, dst, "cpu", options=parse_extra_options(extra), log=lambda m: None, overwrite=True)
         cfg_path = dst / "genai_config.json"
         cfg = json.loads(cfg_path.read_text())
         cfg["model"]["decoder"]["session_options"]["intra_op_num_threads"] = cores
@@ -191,7 +193,7 @@ def write_gguf_f16(src: Path, dst: Path) -> None:
     tmp.rename(dst)
 
 
-def llama1b_models(llama_cpp, work: Path, cores: int, tokenizer_dir: Path) -> dict[str, Path]:
+def llama1b_models(llama_cpp, work: Path, cores: int, tokenizer_dir: Path, reuse: bool) -> dict[str, Path]:
     """Our two CPU forms and llama.cpp's Q4_0 / Q4_1 of one random-weight Llama-3.2-1B-shaped uint4 g128 export."""
     import synthetic_quark_export
 
@@ -200,7 +202,7 @@ def llama1b_models(llama_cpp, work: Path, cores: int, tokenizer_dir: Path) -> di
         print("writing the synthetic Llama-3.2-1B-shaped Quark export ...", flush=True)
         synthetic_quark_export.write(src, "llama3-1b", tokenizer_from=str(tokenizer_dir))
     print("converting it ...", flush=True)
-    paths = convert_ours(src, work / "llama3-1b", cores)
+    paths = convert_ours(src, work / "llama3-1b", cores, reuse)
     f16 = work / "llama3-1b.f16.gguf"
     if not f16.is_file():
         print("writing its f16 GGUF ...", flush=True)
@@ -402,6 +404,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for both runtimes")
     ap.add_argument("--with_1b", action="store_true",
                     help="also a random-weight Llama-3.2-1B-shaped uint4 g128 export (writes ~6 GB under --work)")
+    ap.add_argument("--reuse_outputs", action="store_true",
+                    help="keep our ONNX outputs already under --work instead of converting again")
     ap.add_argument("--no_install", action="store_true", help="fail instead of pip-installing llama-cpp-python")
     ap.add_argument("--results", default=str(REPO / "benchmarks" / "results"))
     args = ap.parse_args()
@@ -417,14 +421,14 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     src = quark_export(Path(args.root))
     print(f"converting {src} ...", flush=True)
-    paths = convert_ours(src, work / "smollm2-135m", args.threads)
+    paths = convert_ours(src, work / "smollm2-135m", args.threads, args.reuse_outputs)
     paths.update(make_ggufs(llama_cpp, shipped, work / "smollm2-135m", args.threads))
     tokenizer = og.Tokenizer(og.Model(str(paths["ours default"])))
     prompt = [int(t) for t in tokenizer.encode(PROMPT)]
     models = {"SmolLM2-135M-Instruct (real; Quark uint4 g64, lm_head and down_proj g32)": paths}
     if args.with_1b:
         models["Llama-3.2-1B shape (random weights; Quark uint4 g128, bf16 tied embedding)"] = \
-            llama1b_models(llama_cpp, work, args.threads, src)
+            llama1b_models(llama_cpp, work, args.threads, src, args.reuse_outputs)
     res = dict(command="python benchmarks/vs_llamacpp.py " + " ".join(sys.argv[1:]), cpu=cpu_name(),
                cores=args.threads, llama_cpp_version=getattr(llama_cpp, "__version__", "?"),
                onnxruntime_genai_version=og.__version__, prompt_tokens=len(prompt), tokens=args.tokens,
