@@ -425,18 +425,19 @@ def main() -> int:
     paths.update(make_ggufs(llama_cpp, shipped, work / "smollm2-135m", args.threads))
     tokenizer = og.Tokenizer(og.Model(str(paths["ours default"])))
     prompt = [int(t) for t in tokenizer.encode(PROMPT)]
-    models = {"SmolLM2-135M-Instruct (real; Quark uint4 g64, lm_head and down_proj g32)": paths}
+    models = {"SmolLM2-135M-Instruct (real; Quark uint4 g64, lm_head and down_proj g32)": lambda: paths}
     if args.with_1b:
         models["Llama-3.2-1B shape (random weights; Quark uint4 g128, bf16 tied embedding)"] = \
-            llama1b_models(llama_cpp, work, args.threads, src, args.reuse_outputs)
+            lambda: llama1b_models(llama_cpp, work, args.threads, src, args.reuse_outputs)
     res = dict(command="python benchmarks/vs_llamacpp.py " + " ".join(sys.argv[1:]), cpu=cpu_name(),
                cores=args.threads, llama_cpp_version=getattr(llama_cpp, "__version__", "?"),
                onnxruntime_genai_version=og.__version__, prompt_tokens=len(prompt), tokens=args.tokens,
                rounds=args.rounds, models={})
-    for model, paths in models.items():
+    for model, make in models.items():  # results written after each model
+        paths = make()
         print(f"measuring {model} ...", flush=True)
         res["models"][model] = measure(llama_cpp, paths, prompt, args)
-    write_results(res, Path(args.results))
+        write_results(res, Path(args.results))
     print((Path(args.results) / "vs_llamacpp.md").read_text())
     return 0
 
