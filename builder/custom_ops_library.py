@@ -32,7 +32,7 @@ _LOAD_SCRIPT = ("import ctypes, sys, onnxruntime as ort\n"
                 "    kinds.append(lib.qo_gpu_backend().decode())\n"
                 "print('QO_KERNELS=' + ','.join(kinds))\n"
                 "print('QO_SYMBOLS=' + ','.join(n for n in sys.argv[2:] if hasattr(lib, n)))\n")
-# The C entry point behind each com.quark_onnx CPU kernel (custom_ops/src/qo_kernels.h, CONTRACT.md): a library built
+# The C entry point behind each com.quark_onnx CPU kernel (custom_ops/src/qo_kernels.h, docs/custom_op_contract.md): a library built
 # before an op's kernel existed runs that op through its ONNX function.
 OP_SYMBOLS = {"MatMulMxfp4": "qo_matmul_mxfp4_f32", "MatMulFp8W8A8": "qo_matmul_fp8_w8a8_f32",
               "MatMulFp8W8A8Dyn": "qo_matmul_fp8_w8a8_dyn_f32", "MatMulBf16": "qo_matmul_bf16_f32",

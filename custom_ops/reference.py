@@ -139,7 +139,7 @@ def matmul_bf16(a: np.ndarray, b_bits: np.ndarray) -> np.ndarray:
     return (np.asarray(a, np.float64) @ w.T).astype(np.float32)
 
 
-# ---- weight-only compact ops (CONTRACT.md): the activation emulation stays in standard ops before the node ----
+# ---- weight-only compact ops (docs/custom_op_contract.md): the activation emulation stays in standard ops before the node ----
 
 NVFP4_BLOCK_SIZE = 16
 

@@ -1,4 +1,4 @@
-"""The weight-only compact ops of CONTRACT.md (MatMulFp8, MatMulInt8, MatMulNvfp4): their ONNX-function fallbacks in
+"""The weight-only compact ops of docs/custom_op_contract.md (MatMulFp8, MatMulInt8, MatMulNvfp4): their ONNX-function fallbacks in
 ORT against the numpy reference (custom_ops/reference.py), and the reference against hand-decoded values.
 The C kernels of these ops are tested with the kernels (tests/test_custom_ops.py)."""
 from __future__ import annotations

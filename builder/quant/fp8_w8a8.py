@@ -39,7 +39,7 @@ def _fail(ckpt, layer, message, field=None, value=None, accepted=None):
 
 
 FP8_LINEAR_FORMS = ("compact", "dequantized_weight", "qdq", "matmul_block_fp8", "custom_op")
-COMPACT_IO = (None, "fp32", "fp16")  # MatMulFp8 takes float and float16 A (CONTRACT.md)  # EPConfig.fp8_linear values
+COMPACT_IO = (None, "fp32", "fp16")  # MatMulFp8 takes float and float16 A (docs/custom_op_contract.md)  # EPConfig.fp8_linear values
 
 
 def scalar_scale(ckpt, tensor: str) -> float:

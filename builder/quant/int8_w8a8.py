@@ -34,7 +34,7 @@ from .base import LinearPlan, Scheme
 INT_DTYPES = {"int8": np.int8, "uint8": np.uint8}
 SAFETENSORS = {"int8": "I8", "uint8": "U8"}
 INT8_LINEAR_FORMS = ("compact", "dequantized_weight", "qdq")  # EPConfig.int8_linear values
-COMPACT_IO = ("fp32", "fp16")  # MatMulInt8 takes float and float16 A (CONTRACT.md)
+COMPACT_IO = ("fp32", "fp16")  # MatMulInt8 takes float and float16 A (docs/custom_op_contract.md)
 
 
 def _fail(ckpt, layer, message, field=None, value=None, accepted=None):
