@@ -230,18 +230,21 @@ def run_child(model_dir: Path, prefill_len: int, tokens: int) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def shipped_kernels(model_dir: Path) -> frozenset:
+    """The kernel entry points of the custom-op library an output ships (empty without one)."""
+    from builder.custom_ops_library import exported_kernels
+    cfg = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]
+    library = cfg.get("session_options", {}).get("custom_ops_library")
+    return exported_kernels(str(model_dir / library)) if library else frozenset()
+
+
 def session_weight_bytes(model_dir: Path) -> dict:
     """Bytes a decode step streams, per form: com.quark_onnx weights as stored when the shipped library has the op's
     kernel, else as ORT constant-folds them (float32 [K, N]); every other 2-D float weight as stored; the embedding
     (one row gathered per token) left out."""
     import onnx
-    from builder.custom_ops_library import OP_SYMBOLS, _SYMBOLS, check_custom_ops_library
-    cfg = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]
-    library = cfg.get("session_options", {}).get("custom_ops_library")
-    symbols = frozenset()
-    if library:
-        check_custom_ops_library(str(model_dir / library))
-        symbols = _SYMBOLS[str(model_dir / library)]
+    from builder.custom_ops_library import OP_SYMBOLS
+    symbols = shipped_kernels(model_dir)
     model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
     sizes = {t.name: (list(t.dims), int(np.prod(t.dims, dtype=np.int64))
                       * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize) for t in model.graph.initializer}
@@ -253,11 +256,9 @@ def session_weight_bytes(model_dir: Path) -> dict:
             if OP_SYMBOLS.get(node.op_type) in symbols:
                 streamed += sum(sizes[w][1] for w in weights)
             else:
-                n = next(a.i for a in node.attribute if a.name == "N") if any(a.name == "N" for a in node.attribute) \
-                    else sizes[node.input[1]][0][0]
-                k = next(a.i for a in node.attribute if a.name == "K") if any(a.name == "K" for a in node.attribute) \
-                    else int(np.prod(sizes[node.input[1]][0][1:]))
-                streamed += 4 * n * k
+                attrs = {a.name: a.i for a in node.attribute}
+                dims = sizes[node.input[1]][0]
+                streamed += 4 * attrs.get("N", dims[0]) * attrs.get("K", int(np.prod(dims[1:])))
         elif node.op_type in ("MatMul", "Gemm", "MatMulNBits"):
             for i in node.input[1:]:
                 if i in sizes and i not in seen and len(sizes[i][0]) >= 2:
@@ -269,13 +270,8 @@ def session_weight_bytes(model_dir: Path) -> dict:
 def kernels_used(model_dir: Path) -> dict[str, str]:
     """{com.quark_onnx op: "kernel" | "function (folded to fp32 at load)"} for the ops of the output."""
     import onnx
-    from builder.custom_ops_library import OP_SYMBOLS, _SYMBOLS, check_custom_ops_library
-    cfg = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]
-    library = cfg.get("session_options", {}).get("custom_ops_library")
-    symbols = frozenset()
-    if library:
-        check_custom_ops_library(str(model_dir / library))
-        symbols = _SYMBOLS[str(model_dir / library)]
+    from builder.custom_ops_library import OP_SYMBOLS
+    symbols = shipped_kernels(model_dir)
     ops = {n.op_type for n in onnx.load(str(model_dir / "model.onnx"), load_external_data=False).graph.node
            if n.domain == "com.quark_onnx"}
     return {op: "kernel" if OP_SYMBOLS.get(op) in symbols else "function (folded to fp32 at load)" for op in ops}

@@ -64,8 +64,8 @@ OP_KEYS = {"MatMulFp8": "fp8_linear", "MatMulInt8": "int8_linear", "MatMulMxfp4"
 def missing_kernels(plan, library: str, options) -> dict[str, str]:
     """{default key: op} for the default compact forms whose op `library` has no CPU kernel for (a build older than
     the op). Keys the user chose explicitly are kept as chosen."""
-    from .custom_ops_library import _SYMBOLS, OP_SYMBOLS
-    symbols = _SYMBOLS.get(str(library), frozenset())
+    from .custom_ops_library import OP_SYMBOLS, exported_kernels
+    symbols = exported_kernels(str(library))
     out = {}
     for lp in plan.linears.values():
         op = getattr(lp.scheme, "custom_op", lambda *_: None)(lp, plan.ep, plan.io)

@@ -63,6 +63,12 @@ def check_custom_ops_library(path: str) -> tuple[str, ...]:
     return kernels
 
 
+def exported_kernels(path: str) -> frozenset:
+    """The OP_SYMBOLS entry points the library at `path` exports (checked and loaded once per file)."""
+    check_custom_ops_library(path)
+    return _SYMBOLS.get(str(path), frozenset())
+
+
 def _check(path: str) -> tuple[str, ...]:
     lib = Path(path)
     if not lib.exists():

@@ -232,26 +232,25 @@ def _scaled_weight(b: np.ndarray, b_scale, dtype, code_dtype, op: str) -> tuple[
     return np.ascontiguousarray(b), scale
 
 
+def _matmul_scaled_weight(op: str, a: np.ndarray, b_codes: np.ndarray, b_scale, dtype, code_dtype) -> np.ndarray:
+    """Y = A @ (f32(B) * B_scale).T through qo_{op}_{f32,f16}; B [N, K] in `dtype` (or its `code_dtype` bits)."""
+    b, scale = _scaled_weight(b_codes, b_scale, dtype, code_dtype, op)
+    n, k = b.shape
+    a, suffix = _activation(a, k, op)
+    y = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
+    fn = getattr(load_library(), f"qo_{op}_{suffix}")
+    _check(fn(_ptr(a), _ptr(b), _ptr(scale), scale.size, _ptr(y), a.size // k, n, k), op)
+    return y
+
+
 def matmul_fp8(a: np.ndarray, b_fp8: np.ndarray, b_scale) -> np.ndarray:
     """Weight-only FP8: Y = A @ (f32(B) * B_scale).T; B float8_e4m3fn (or uint8 codes) [N, K]; B_scale scalar or [N]."""
-    b, scale = _scaled_weight(b_fp8, b_scale, ml_dtypes.float8_e4m3fn, np.uint8, "matmul_fp8")
-    n, k = b.shape
-    a, suffix = _activation(a, k, "matmul_fp8")
-    y = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
-    fn = getattr(load_library(), f"qo_matmul_fp8_{suffix}")
-    _check(fn(_ptr(a), _ptr(b), _ptr(scale), scale.size, _ptr(y), a.size // k, n, k), "matmul_fp8")
-    return y
+    return _matmul_scaled_weight("matmul_fp8", a, b_fp8, b_scale, ml_dtypes.float8_e4m3fn, np.uint8)
 
 
 def matmul_int8(a: np.ndarray, b_int8: np.ndarray, b_scale) -> np.ndarray:
     """Weight-only INT8: Y = A @ (f32(B) * B_scale).T; B int8 [N, K]; B_scale scalar or [N]."""
-    b, scale = _scaled_weight(b_int8, b_scale, np.int8, np.int8, "matmul_int8")
-    n, k = b.shape
-    a, suffix = _activation(a, k, "matmul_int8")
-    y = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
-    fn = getattr(load_library(), f"qo_matmul_int8_{suffix}")
-    _check(fn(_ptr(a), _ptr(b), _ptr(scale), scale.size, _ptr(y), a.size // k, n, k), "matmul_int8")
-    return y
+    return _matmul_scaled_weight("matmul_int8", a, b_int8, b_scale, np.int8, np.int8)
 
 
 def matmul_nvfp4(a: np.ndarray, b_packed: np.ndarray, b_scale: np.ndarray, b_scale_2) -> np.ndarray:
