@@ -42,6 +42,13 @@ SHAPE_N_BLOCKS_16 = _ints("shape_n_blocks_16", [0, -1, NVFP4_BLOCK_SIZE])
 SHAPE_N_K = _ints("shape_n_k", [0, -1])
 SHAPE_COLUMN = _ints("shape_col", [-1, 1])
 SCALAR_SHAPE = _ints("scalar_shape", np.zeros((0,), dtype=np.int64))
+SHAPE_E_BLOCKS_32 = _ints("shape_e_blocks_32", [0, 0, 0, -1, MXFP4_BLOCK_SIZE])
+SHAPE_E_BLOCKS_16 = _ints("shape_e_blocks_16", [0, 0, 0, -1, NVFP4_BLOCK_SIZE])
+SHAPE_E_N_K = _ints("shape_e_n_k", [0, 0, 0, -1])
+SHAPE_E_COLUMN = _ints("shape_e_col", [0, 0, -1, 1])
+SHAPE_E_SCALAR = _ints("shape_e_scalar", [0, 0, 1, 1])
+SHAPE_ROWS_TAIL = _ints("shape_rows_tail", [-1, 1])
+SHAPE_T_K_N = _ints("shape_t_k_n", [0, 0, -1])
 FP8_ZERO = helper.make_tensor("fp8_zero", TensorProto.FLOAT8E4M3FN, [], np.zeros((), np.uint8).tobytes(), raw=True)
 ONE = _tensor("one", np.array(1.0, dtype=np.float32))
 FP8_MAX = _tensor("fp8_max", np.array(E4M3FN_MAX, dtype=np.float32))
@@ -146,5 +153,82 @@ def MatMulBf16(A, B: BFLOAT16[...]):
     return Y
 
 
+# ---- MatMulExperts*: the routed standard-op form (Gather of the chosen experts' compact weights, the dense op's
+# decode, a batched MatMul). A [T, K] or [T, k, K] -> [T, 1 or k, 1, K]; W [T, k, K, N]; Y [T, k, N].
+
+@script(quark_onnx)
+def MatMulExpertsMxfp4(A, expert_ids, B: UINT8[...], B_scale: UINT8[...]):
+    """Y[t, s] = A[t] (or A[t, s]) @ W[expert_ids[t, s]]^T, W [E, N, K] stacked MatMulMxfp4 weights:
+    B uint8 [E, N, K/2], B_scale e8m0 [E, N, K/32]."""
+    codes = op.Gather(B, expert_ids, axis=0)                                            # [T, k, N, K/2]
+    code_even = op.BitwiseAnd(codes, op.Constant(value=LOW_MASK))
+    code_odd = op.BitShift(codes, op.Constant(value=NIBBLE_BITS), direction="RIGHT")
+    last_axis = op.Constant(value=LAST_AXIS)
+    code_pairs = op.Concat(op.Unsqueeze(code_even, last_axis), op.Unsqueeze(code_odd, last_axis), axis=-1)
+    code_blocks = op.Reshape(code_pairs, op.Constant(value=SHAPE_E_BLOCKS_32))         # [T, k, N, K/32, 32]
+    value_blocks = op.Gather(op.Constant(value=FP4_TABLE), op.Cast(code_blocks, to=TensorProto.INT32))
+    scale_codes = op.Cast(op.Gather(B_scale, expert_ids, axis=0), to=TensorProto.INT64)
+    block_scale = op.Gather(op.Constant(value=E8M0_TABLE), scale_codes)                 # [T, k, N, K/32]
+    weight = op.Reshape(op.Mul(value_blocks, op.Unsqueeze(block_scale, last_axis)), op.Constant(value=SHAPE_E_N_K))
+    rows = op.Concat(op.Shape(expert_ids, start=0, end=1), op.Constant(value=SHAPE_ROWS_TAIL), op.Shape(A, start=-1),
+                     axis=0)
+    a_rows = op.Reshape(op.Cast(A, to=TensorProto.FLOAT), rows)                          # [T, 1 | k, 1, K]
+    y_f32 = op.Reshape(op.MatMul(a_rows, op.Transpose(weight, perm=[0, 1, 3, 2])), op.Constant(value=SHAPE_T_K_N))
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
+@script(quark_onnx)
+def MatMulExpertsNvfp4(A, expert_ids, B: UINT8[...], B_scale: FLOAT8E4M3FN[...], B_scale_2: FLOAT[...]):
+    """As MatMulExpertsMxfp4 with MatMulNvfp4 weights: B uint8 [E, N, K/2], B_scale e4m3fn [E, N, K/16],
+    B_scale_2 float32 [E] (each expert's global scale; block scale * global scale rounded once, Quark's order)."""
+    codes = op.Gather(B, expert_ids, axis=0)
+    code_even = op.BitwiseAnd(codes, op.Constant(value=LOW_MASK))
+    code_odd = op.BitShift(codes, op.Constant(value=NIBBLE_BITS), direction="RIGHT")
+    last_axis = op.Constant(value=LAST_AXIS)
+    code_pairs = op.Concat(op.Unsqueeze(code_even, last_axis), op.Unsqueeze(code_odd, last_axis), axis=-1)
+    code_blocks = op.Reshape(code_pairs, op.Constant(value=SHAPE_E_BLOCKS_16))         # [T, k, N, K/16, 16]
+    value_blocks = op.Gather(op.Constant(value=FP4_TABLE), op.Cast(code_blocks, to=TensorProto.INT32))
+    scale_2 = op.Reshape(op.Gather(B_scale_2, expert_ids, axis=0), op.Constant(value=SHAPE_E_SCALAR))
+    # ONNX's Gather takes no float8 tensor: Cast first (ORT folds it for an initializer, as for the other fallbacks)
+    block_scale = op.Mul(op.Gather(op.Cast(B_scale, to=TensorProto.FLOAT), expert_ids, axis=0), scale_2)
+    weight = op.Reshape(op.Mul(value_blocks, op.Unsqueeze(block_scale, last_axis)), op.Constant(value=SHAPE_E_N_K))
+    rows = op.Concat(op.Shape(expert_ids, start=0, end=1), op.Constant(value=SHAPE_ROWS_TAIL), op.Shape(A, start=-1),
+                     axis=0)
+    a_rows = op.Reshape(op.Cast(A, to=TensorProto.FLOAT), rows)
+    y_f32 = op.Reshape(op.MatMul(a_rows, op.Transpose(weight, perm=[0, 1, 3, 2])), op.Constant(value=SHAPE_T_K_N))
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
+@script(quark_onnx)
+def MatMulExpertsFp8(A, expert_ids, B: FLOAT8E4M3FN[...], B_scale: FLOAT[...]):
+    """As MatMulExpertsMxfp4 with MatMulFp8 weights: B e4m3fn [E, N, K], B_scale float32 [E] or [E, N]."""
+    scale = op.Reshape(op.Gather(B_scale, expert_ids, axis=0), op.Constant(value=SHAPE_E_COLUMN))  # [T, k, 1|N, 1]
+    # ONNX's Gather takes no float8 tensor: Cast first (ORT folds it for an initializer: the dense fp32 stack, as
+    # the other ops' fallbacks hold their weights)
+    weight = op.Gather(op.Cast(B, to=TensorProto.FLOAT), expert_ids, axis=0) * scale                 # [T, k, N, K]
+    rows = op.Concat(op.Shape(expert_ids, start=0, end=1), op.Constant(value=SHAPE_ROWS_TAIL), op.Shape(A, start=-1),
+                     axis=0)
+    a_rows = op.Reshape(op.Cast(A, to=TensorProto.FLOAT), rows)
+    y_f32 = op.Reshape(op.MatMul(a_rows, op.Transpose(weight, perm=[0, 1, 3, 2])), op.Constant(value=SHAPE_T_K_N))
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
+@script(quark_onnx)
+def MatMulExpertsInt8(A, expert_ids, B: INT8[...], B_scale: FLOAT[...]):
+    """As MatMulExpertsMxfp4 with MatMulInt8 weights: B int8 [E, N, K], B_scale float32 [E] or [E, N]."""
+    scale = op.Reshape(op.Gather(B_scale, expert_ids, axis=0), op.Constant(value=SHAPE_E_COLUMN))
+    weight = op.Mul(op.Cast(op.Gather(B, expert_ids, axis=0), to=TensorProto.FLOAT), scale)
+    rows = op.Concat(op.Shape(expert_ids, start=0, end=1), op.Constant(value=SHAPE_ROWS_TAIL), op.Shape(A, start=-1),
+                     axis=0)
+    a_rows = op.Reshape(op.Cast(A, to=TensorProto.FLOAT), rows)
+    y_f32 = op.Reshape(op.MatMul(a_rows, op.Transpose(weight, perm=[0, 1, 3, 2])), op.Constant(value=SHAPE_T_K_N))
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
 BODIES = {fn.name: fn for fn in (MatMulMxfp4, MatMulFp8W8A8, MatMulFp8W8A8Dyn, MatMulBf16, MatMulFp8, MatMulInt8,
-                                 MatMulNvfp4)}
+                                 MatMulNvfp4, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
+                                 MatMulExpertsInt8)}

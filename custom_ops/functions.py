@@ -80,6 +80,11 @@ FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
     "MatMulFp8": matmul_fp8_function,
     "MatMulInt8": matmul_int8_function,
     "MatMulNvfp4": matmul_nvfp4_function,
+    # routed experts (qo_cpu_experts.c): the chosen experts' stacked weights read in place
+    "MatMulExpertsMxfp4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsMxfp4", opset),
+    "MatMulExpertsNvfp4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsNvfp4", opset),
+    "MatMulExpertsFp8": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsFp8", opset),
+    "MatMulExpertsInt8": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsInt8", opset),
 }
 
 # Inputs in order, and the integer attributes each node must carry.
@@ -91,6 +96,10 @@ OP_INPUTS = {
     "MatMulFp8": ("A", "B", "B_scale"),
     "MatMulInt8": ("A", "B", "B_scale"),
     "MatMulNvfp4": ("A", "B", "B_scale", "B_scale_2"),
+    "MatMulExpertsMxfp4": ("A", "expert_ids", "B", "B_scale"),
+    "MatMulExpertsNvfp4": ("A", "expert_ids", "B", "B_scale", "B_scale_2"),
+    "MatMulExpertsFp8": ("A", "expert_ids", "B", "B_scale"),
+    "MatMulExpertsInt8": ("A", "expert_ids", "B", "B_scale"),
 }
 OP_REQUIRED_ATTRIBUTES = {
     "MatMulMxfp4": ("K", "N"),
@@ -100,6 +109,10 @@ OP_REQUIRED_ATTRIBUTES = {
     "MatMulFp8": (),
     "MatMulInt8": (),
     "MatMulNvfp4": ("K", "N"),
+    "MatMulExpertsMxfp4": (),
+    "MatMulExpertsNvfp4": (),
+    "MatMulExpertsFp8": (),
+    "MatMulExpertsInt8": (),
 }
 
 

@@ -401,6 +401,149 @@ std::vector<QoCustomOp>& AllOps() {
   return ops;
 }
 
+// ---- MatMulExperts{Mxfp4,Nvfp4,Fp8,Int8} (CPU, float32): routed experts read in place from the stacked weight
+// (qo_cpu_experts.c). Inputs A [T, K] or [T, k, K], expert_ids int64 [T, k], B [E, N, ...], B_scale, (NVFP4)
+// B_scale_2 [E]; output Y [T, k, N]. ----
+struct QoExpertsOp : OrtCustomOp {
+  int fmt;  // QO_FMT_*
+};
+
+const char* ORT_API_CALL ExpertsName(const OrtCustomOp* op) {
+  switch (static_cast<const QoExpertsOp*>(op)->fmt) {
+    case QO_FMT_MXFP4: return "MatMulExpertsMxfp4";
+    case QO_FMT_NVFP4: return "MatMulExpertsNvfp4";
+    case QO_FMT_FP8: return "MatMulExpertsFp8";
+    default: return "MatMulExpertsInt8";
+  }
+}
+
+const char* ORT_API_CALL ExpertsProvider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
+
+size_t ORT_API_CALL ExpertsInputCount(const OrtCustomOp* op) {
+  return static_cast<const QoExpertsOp*>(op)->fmt == QO_FMT_NVFP4 ? 5 : 4;
+}
+
+ONNXTensorElementDataType ORT_API_CALL ExpertsInputType(const OrtCustomOp* op, size_t index) {
+  const int fmt = static_cast<const QoExpertsOp*>(op)->fmt;
+  switch (index) {
+    case 0: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    case 1: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+    case 2:
+      return fmt == QO_FMT_FP8 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN
+             : fmt == QO_FMT_INT8 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+    case 3:
+      return fmt == QO_FMT_MXFP4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8
+             : fmt == QO_FMT_NVFP4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    default: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+}
+
+ONNXTensorElementDataType ORT_API_CALL ExpertsOutputType(const OrtCustomOp*, size_t) {
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+
+OrtStatus* ORT_API_CALL ExpertsCreate(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo*, void** kernel) {
+  int* fmt = new (std::nothrow) int(static_cast<const QoExpertsOp*>(op)->fmt);
+  if (!fmt) return api->CreateStatus(ORT_FAIL, "com.quark_onnx: out of memory");
+  *kernel = fmt;
+  return nullptr;
+}
+
+OrtMemType ORT_API_CALL ExpertsMemType(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
+
+void ORT_API_CALL ExpertsDestroy(void* kernel) { delete static_cast<int*>(kernel); }
+
+OrtStatus* ORT_API_CALL ExpertsCompute(void* kernel, OrtKernelContext* context) {
+  const int fmt = *static_cast<const int*>(kernel);
+  const char* name = fmt == QO_FMT_MXFP4 ? "MatMulExpertsMxfp4" : fmt == QO_FMT_NVFP4 ? "MatMulExpertsNvfp4"
+                     : fmt == QO_FMT_FP8 ? "MatMulExpertsFp8" : "MatMulExpertsInt8";
+  TensorView a, ids, b, b_scale, b_scale_2;
+  const void *a_data = nullptr, *ids_data = nullptr, *b_data = nullptr, *s_data = nullptr, *s2_data = nullptr;
+  QO_RETURN_IF_ERROR(Input(context, 0, &a, &a_data));
+  QO_RETURN_IF_ERROR(Input(context, 1, &ids, &ids_data));
+  QO_RETURN_IF_ERROR(Input(context, 2, &b, &b_data));
+  QO_RETURN_IF_ERROR(Input(context, 3, &b_scale, &s_data));
+  if (fmt == QO_FMT_NVFP4) QO_RETURN_IF_ERROR(Input(context, 4, &b_scale_2, &s2_data));
+  if (ids.shape.size() != 2 || b.shape.size() != 3 || (a.shape.size() != 2 && a.shape.size() != 3))
+    return Error(std::string(name) + ": A must be [T, K] or [T, k, K], expert_ids [T, k], B [E, N, ...]");
+  const int64_t T = ids.shape[0], k = ids.shape[1], E = b.shape[0], N = b.shape[1], K = a.shape.back();
+  const int64_t a_slots = a.shape.size() == 3 ? k : 1;
+  if (a.shape[0] != T || (a.shape.size() == 3 && a.shape[1] != k))
+    return Error(std::string(name) + ": A's leading dimensions must match expert_ids [T, k]");
+  const bool fp4 = fmt == QO_FMT_MXFP4 || fmt == QO_FMT_NVFP4;
+  const int64_t block = fmt == QO_FMT_MXFP4 ? 32 : 16;
+  if (fp4) {
+    if (b.shape[2] * 2 != K || K % block != 0)
+      return Error(std::string(name) + ": B must be [E, N, K/2] with K % " + std::to_string(block) + " == 0");
+    if (b_scale.shape.size() != 3 || b_scale.shape[0] != E || b_scale.shape[1] != N || b_scale.shape[2] != K / block)
+      return Error(std::string(name) + ": B_scale must be [E, N, K/" + std::to_string(block) + "]");
+    if (fmt == QO_FMT_NVFP4 && b_scale_2.elements() != E) return Error(std::string(name) + ": B_scale_2 must be [E]");
+  } else {
+    if (b.shape[2] != K) return Error(std::string(name) + ": B must be [E, N, K]");
+    if (b_scale.elements() != E && b_scale.elements() != E * N)
+      return Error(std::string(name) + ": B_scale must be [E] or [E, N]");
+  }
+  const int64_t y_shape[3] = {T, k, N};
+  OrtValue* y = nullptr;
+  QO_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, y_shape, 3, &y));
+  void* y_data = nullptr;
+  QO_RETURN_IF_ERROR(g_api->GetTensorMutableData(y, &y_data));
+  if (T == 0 || k == 0 || N == 0) return nullptr;
+  int status = QO_ERR_ARGUMENT;
+#if defined(QO_WITH_CPU)
+  ScopedOrtRunner runner(context);
+  const float* A = static_cast<const float*>(a_data);
+  const int64_t* id = static_cast<const int64_t*>(ids_data);
+  const uint8_t* B = static_cast<const uint8_t*>(b_data);
+  float* Y = static_cast<float*>(y_data);
+  switch (fmt) {
+    case QO_FMT_MXFP4:
+      status = qo_matmul_experts_mxfp4_f32(A, id, B, (const uint8_t*)s_data, Y, T, k, a_slots, E, N, K);
+      break;
+    case QO_FMT_NVFP4:
+      status = qo_matmul_experts_nvfp4_f32(A, id, B, (const uint8_t*)s_data, (const float*)s2_data, Y, T, k, a_slots,
+                                           E, N, K);
+      break;
+    case QO_FMT_FP8:
+      status = qo_matmul_experts_fp8_f32(A, id, B, (const float*)s_data, b_scale.elements(), Y, T, k, a_slots, E, N,
+                                         K);
+      break;
+    default:
+      status = qo_matmul_experts_int8_f32(A, id, (const int8_t*)B, (const float*)s_data, b_scale.elements(), Y, T, k,
+                                          a_slots, E, N, K);
+  }
+#endif
+  if (status != QO_OK)
+    return Error(std::string(name) + ": kernel failed with status " + std::to_string(status) +
+                 (status == QO_ERR_ARGUMENT ? " (an expert id outside [0, E)?)" : ""));
+  return nullptr;
+}
+
+std::vector<QoExpertsOp>& ExpertOps() {
+  static std::vector<QoExpertsOp> ops = [] {
+    std::vector<QoExpertsOp> list;
+#if defined(QO_WITH_CPU)
+    for (int fmt : {QO_FMT_MXFP4, QO_FMT_NVFP4, QO_FMT_FP8, QO_FMT_INT8}) {
+      QoExpertsOp op{};
+      static_cast<OrtCustomOp&>(op) = MakeOp(OpKind::kMxfp4, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, false);
+      op.GetName = ExpertsName;
+      op.GetExecutionProviderType = ExpertsProvider;
+      op.GetInputType = ExpertsInputType;
+      op.GetInputTypeCount = ExpertsInputCount;
+      op.GetOutputType = ExpertsOutputType;
+      op.GetInputMemoryType = ExpertsMemType;
+      op.CreateKernelV2 = ExpertsCreate;
+      op.KernelComputeV2 = ExpertsCompute;
+      op.KernelDestroy = ExpertsDestroy;
+      op.fmt = fmt;
+      list.push_back(op);
+    }
+#endif
+    return list;
+  }();
+  return ops;
+}
+
 }  // namespace
 
 extern "C" QO_API OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
@@ -416,6 +559,7 @@ extern "C" QO_API OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* o
   if (!domain) {
     QO_RETURN_IF_ERROR(g_api->CreateCustomOpDomain(kDomain, &domain));
     for (QoCustomOp& op : AllOps()) QO_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &op));
+    for (QoExpertsOp& op : ExpertOps()) QO_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &op));
   }
   return g_api->AddCustomOpDomain(options, domain);
 }

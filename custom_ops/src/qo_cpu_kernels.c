@@ -531,6 +531,15 @@ static QO_THREAD_LOCAL const qo_parallel_runner* tls_runner = NULL;
 
 void qo_cpu_set_parallel_runner(const qo_parallel_runner* runner) { tls_runner = runner; }
 
+int qo_cpu_parallel_for(qo_task_fn task, size_t total, void* data) {
+  const qo_parallel_runner* runner = tls_runner;
+  if (runner) return runner->run(runner->context, task, total, data) != QO_OK ? QO_ERR_DEVICE : QO_OK;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < (int64_t)total; ++t) task(data, (size_t)t);
+  return QO_OK;
+}
+
+
 static int run_gemm(const float* A, int64_t M, int64_t N, int64_t K, const qo_weight* w, const float* row_scale,
                     const float* col_scale, int64_t col_scale_count, float* Y) {
   fp8_value_table();
@@ -820,4 +829,40 @@ int qo_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_
   if (!shape_ok(A, B, Y, M, N, K)) return QO_ERR_ARGUMENT;
   if (M == 0 || N == 0) return QO_OK;
   return through_f32(A, Y, M, N, K, bf16_f32_kernel, B);
+}
+
+/* ---------------- one block of rows for the expert ops (qo_cpu_experts.c) ---------------- */
+static QO_THREAD_LOCAL float* tls_apack = NULL;
+static QO_THREAD_LOCAL size_t tls_apack_floats = 0;
+
+/* One block of weight rows on the calling thread, the gemm_task body with the caller's weight (qo_kernels.h). */
+int qo_cpu_weight_rows_f32(int fmt, const float* A, int64_t M, int64_t N, int64_t K, const uint8_t* B,
+                           const uint8_t* B_scale, float B_scale_2, const float* col_scale, int64_t col_scale_count,
+                           int64_t n0, int64_t n1, float* Y) {
+  qo_weight w;
+  switch (fmt) {
+    case QO_FMT_FP8: weight_plain(&w, QO_W_FP8, B, K); break;
+    case QO_FMT_INT8: weight_plain(&w, QO_W_INT8, B, K); break;
+    case QO_FMT_MXFP4: weight_mxfp4(&w, B, B_scale, K); break;
+    case QO_FMT_NVFP4: weight_nvfp4(&w, B, B_scale, B_scale_2, K); break;
+    default: return QO_ERR_ARGUMENT;
+  }
+  fp8_value_table();
+  qo_job job = {A, M, N, K, &w, NULL, col_scale, col_scale_count, Y, n1 - n0, use_avx2(), NULL, 0};
+#if QO_X86_AVX2
+  if (job.avx2) {
+    if (M <= QO_GEMV_MAX_M) {
+      avx_gemv_by_format[w.fmt](&job, n0, n1);
+    } else {
+      float* pack = tls_grow(&tls_apack, &tls_apack_floats, (size_t)((M + 3) / 4 * 4 * (K / QO_LANES) * QO_LANES + 16));
+      if (!pack) return QO_ERR_ALLOC;
+      job.a_pack = align64(pack);
+      pack_a(A, M, K, (float*)job.a_pack);
+      avx_panel_task(&job, n0, n1);
+    }
+    return job.failed ? QO_ERR_ALLOC : QO_OK;
+  }
+#endif
+  portable_task(&job, n0, n1);
+  return job.failed ? QO_ERR_ALLOC : QO_OK;
 }

@@ -77,6 +77,25 @@ QO_API int qo_matmul_nvfp4_f16(const uint16_t* A, const uint8_t* B, const uint8_
 QO_API int qo_matmul_bf16_f32(const float* A, const uint16_t* B, float* Y, int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_t M, int64_t N, int64_t K);
 
+/* Routed experts (MatMulExperts* ops, qo_cpu_experts.c): Y [T, k, N] float32, Y[t][s] = A_row(t, s) @ W_e^T with
+ * e = expert_ids[t][s] (int64 [T, k], each in [0, E)); A_row(t, s) = A[t] (a_slots 1: A [T, K]) or A[t][s]
+ * (a_slots k: A [T, k, K]). W_e is expert e of a stack [E, N, ...] whose every expert has the dense op's layout and
+ * arithmetic above: MXFP4 B [E, N, K/2] + B_scale [E, N, K/32]; NVFP4 B [E, N, K/2] + B_scale [E, N, K/16] +
+ * B_scale_2 [E]; FP8 / INT8 B [E, N, K] + B_scale [E] (per tensor) or [E, N] (b_scale_count E or E * N). Each output
+ * equals the dense op's on that expert bit for bit. */
+QO_API int qo_matmul_experts_mxfp4_f32(const float* A, const int64_t* expert_ids, const uint8_t* B,
+                                       const uint8_t* B_scale, float* Y, int64_t T, int64_t k, int64_t a_slots,
+                                       int64_t E, int64_t N, int64_t K);
+QO_API int qo_matmul_experts_nvfp4_f32(const float* A, const int64_t* expert_ids, const uint8_t* B,
+                                       const uint8_t* B_scale, const float* B_scale_2, float* Y, int64_t T, int64_t k,
+                                       int64_t a_slots, int64_t E, int64_t N, int64_t K);
+QO_API int qo_matmul_experts_fp8_f32(const float* A, const int64_t* expert_ids, const uint8_t* B, const float* B_scale,
+                                     int64_t b_scale_count, float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E,
+                                     int64_t N, int64_t K);
+QO_API int qo_matmul_experts_int8_f32(const float* A, const int64_t* expert_ids, const int8_t* B, const float* B_scale,
+                                      int64_t b_scale_count, float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E,
+                                      int64_t N, int64_t K);
+
 /* ---- CPU parallel loop (not exported: for the ORT layer in the same library). By default the CPU kernels split
  * their work with OpenMP; a runner set on the calling thread replaces that, e.g. with ORT's intra-op thread pool
  * (KernelContext_ParallelFor), so that ORT's and OpenMP's threads never compete for the same cores. run() calls
@@ -87,6 +106,17 @@ typedef struct {
   void* context;
 } qo_parallel_runner;
 void qo_cpu_set_parallel_runner(const qo_parallel_runner* runner);
+/* The runner's loop (or OpenMP's without one) for other CPU sources of the library. */
+int qo_cpu_parallel_for(qo_task_fn task, size_t total, void* data);
+
+/* ---- CPU, internal (not exported; for qo_cpu_experts.c): weight rows [n0, n1) of ONE compact weight for M activation
+ * rows A [M, K], on the calling thread, with the qo_matmul_* kernels' summation order (so each output equals theirs
+ * bit for bit); Y [M, N] row-major, only columns n0..n1-1 written. B / B_scale as the dense ops take them; B_scale_2:
+ * NVFP4's global scale; col_scale [col_scale_count] (1 or N, FP8/INT8) or NULL. ---- */
+enum { QO_FMT_FP8 = 0, QO_FMT_INT8 = 1, QO_FMT_MXFP4 = 3, QO_FMT_NVFP4 = 4 };
+int qo_cpu_weight_rows_f32(int fmt, const float* A, int64_t M, int64_t N, int64_t K, const uint8_t* B,
+                           const uint8_t* B_scale, float B_scale_2, const float* col_scale, int64_t col_scale_count,
+                           int64_t n0, int64_t n1, float* Y);
 
 /* ---- GPU (CUDA or HIP, whichever the library was built for; all pointers are device pointers, `stream` is a
  * cudaStream_t / hipStream_t or NULL). A_scale is a device pointer to one float. The dyn variant needs a device

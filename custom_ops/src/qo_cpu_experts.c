@@ -1,0 +1,166 @@
+/* CPU kernels of the com.quark_onnx MatMulExperts* ops (the llama.cpp mul_mat_id idea): Y[t][s] = A[t] (or A[t][s])
+ * @ W[ids[t][s]]^T for the k experts each token chose, each chosen expert's compact weight read in place from the
+ * stacked [E, N, ...] tensor (the dense compact ops' layout per expert, qo_kernels.h), decoded in registers.
+ *
+ * Work: the T * k (token, slot) pairs are sorted by expert (counting sort, stable: token order within an expert);
+ * each expert that was chosen runs once, with M = the number of pairs that chose it, its activation rows gathered
+ * into one block (so at prefill an expert's weight is read once per call, not once per token: a token-sorted
+ * grouped GEMM), through qo_cpu_weight_rows_f32: the dense kernels' own code and summation order. A row's result
+ * does not depend on M or on the row block (qo_kernels.h), so each output equals the dense op on that expert bit for
+ * bit. Tasks are (expert, block of weight rows): 16 rows when the expert has <= 4 rows of A (GEMV), 48 above (the
+ * decoded-panel GEMM), run through ORT's intra-op pool when the ORT layer set it (qo_cpu_parallel_for). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "qo_kernels.h"
+
+#define QO_EXPERT_GEMV_ROWS 16
+#define QO_EXPERT_PANEL_ROWS 48
+
+typedef struct {
+  int64_t expert, n0, n1;
+} qo_expert_task;
+
+typedef struct {
+  int fmt;
+  int64_t N, K;
+  const uint8_t* B;
+  int64_t b_bytes;        /* bytes of one expert's B */
+  const uint8_t* B_scale; /* block scales (MXFP4 / NVFP4) */
+  int64_t s_bytes;        /* bytes of one expert's block scales */
+  const float* scale_2;   /* NVFP4: [E] */
+  const float* col_scale; /* FP8 / INT8: [E] or [E, N] */
+  int64_t col_count;      /* per expert: 1 or N */
+  const int64_t* offset;  /* [E + 1]: the expert's first row in a_rows / y_rows */
+  const float* a_rows;    /* [T * k, K], sorted by expert */
+  float* y_rows;          /* [T * k, N], sorted by expert */
+  const qo_expert_task* tasks;
+  volatile int failed;
+} qo_experts_job;
+
+static void expert_task(void* data, size_t index) {
+  qo_experts_job* job = (qo_experts_job*)data;
+  const qo_expert_task* t = &job->tasks[index];
+  const int64_t e = t->expert, r0 = job->offset[e], M = job->offset[e + 1] - r0;
+  const int status = qo_cpu_weight_rows_f32(
+      job->fmt, job->a_rows + r0 * job->K, M, job->N, job->K, job->B + e * job->b_bytes,
+      job->B_scale ? job->B_scale + e * job->s_bytes : NULL, job->scale_2 ? job->scale_2[e] : 0.0f,
+      job->col_scale ? job->col_scale + e * job->col_count : NULL, job->col_count, t->n0, t->n1,
+      job->y_rows + r0 * job->N);
+  if (status != QO_OK) job->failed = status;
+}
+
+/* a_slots: 1 (A [T, K], every slot reads its token's row) or k (A [T, k, K]). */
+static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, float* Y, int64_t T, int64_t k,
+                       int64_t a_slots, int64_t E) {
+  const int64_t N = job->N, K = job->K, pairs = T * k;
+  if (!A || !ids || !Y || !job->B || T < 0 || k <= 0 || E <= 0 || N < 0 || K <= 0 || (a_slots != 1 && a_slots != k))
+    return QO_ERR_ARGUMENT;
+  for (int64_t p = 0; p < pairs; ++p)
+    if (ids[p] < 0 || ids[p] >= E) return QO_ERR_ARGUMENT;
+  if (pairs == 0 || N == 0) return QO_OK;
+  int64_t* offset = (int64_t*)calloc((size_t)(E + 1), sizeof(int64_t));
+  int64_t* order = (int64_t*)malloc(sizeof(int64_t) * (size_t)pairs);
+  int64_t* fill = (int64_t*)malloc(sizeof(int64_t) * (size_t)E);
+  float* a_rows = (float*)malloc(sizeof(float) * (size_t)(pairs * K));
+  float* y_rows = (float*)malloc(sizeof(float) * (size_t)(pairs * N));
+  qo_expert_task* tasks = NULL;
+  int status = QO_ERR_ALLOC;
+  if (!offset || !order || !fill || !a_rows || !y_rows) goto done;
+  for (int64_t p = 0; p < pairs; ++p) ++offset[ids[p] + 1];
+  for (int64_t e = 0; e < E; ++e) offset[e + 1] += offset[e];
+  memcpy(fill, offset, sizeof(int64_t) * (size_t)E);
+  for (int64_t p = 0; p < pairs; ++p) order[fill[ids[p]]++] = p; /* row r of the sorted block is pair order[r] */
+  for (int64_t r = 0; r < pairs; ++r) {
+    const int64_t p = order[r], src = a_slots == 1 ? p / k : p;
+    memcpy(a_rows + r * K, A + src * K, sizeof(float) * (size_t)K);
+  }
+  int64_t count = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t m = offset[e + 1] - offset[e], rows = m <= 4 ? QO_EXPERT_GEMV_ROWS : QO_EXPERT_PANEL_ROWS;
+    if (m) count += (N + rows - 1) / rows;
+  }
+  tasks = (qo_expert_task*)malloc(sizeof(qo_expert_task) * (size_t)count);
+  if (!tasks) goto done;
+  count = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t m = offset[e + 1] - offset[e], rows = m <= 4 ? QO_EXPERT_GEMV_ROWS : QO_EXPERT_PANEL_ROWS;
+    if (!m) continue;
+    for (int64_t n0 = 0; n0 < N; n0 += rows) {
+      tasks[count].expert = e;
+      tasks[count].n0 = n0;
+      tasks[count].n1 = n0 + rows < N ? n0 + rows : N;
+      ++count;
+    }
+  }
+  job->offset = offset;
+  job->a_rows = a_rows;
+  job->y_rows = y_rows;
+  job->tasks = tasks;
+  job->failed = 0;
+  status = qo_cpu_parallel_for(expert_task, (size_t)count, job);
+  if (status == QO_OK && job->failed) status = job->failed;
+  if (status == QO_OK)
+    for (int64_t r = 0; r < pairs; ++r) memcpy(Y + order[r] * N, y_rows + r * N, sizeof(float) * (size_t)N);
+done:
+  free(offset);
+  free(order);
+  free(fill);
+  free(a_rows);
+  free(y_rows);
+  free(tasks);
+  return status;
+}
+
+static qo_experts_job job_of(int fmt, const void* B, int64_t b_bytes, const uint8_t* B_scale, int64_t s_bytes,
+                             int64_t N, int64_t K) {
+  qo_experts_job job;
+  memset(&job, 0, sizeof job);
+  job.fmt = fmt;
+  job.N = N;
+  job.K = K;
+  job.B = (const uint8_t*)B;
+  job.b_bytes = b_bytes;
+  job.B_scale = B_scale;
+  job.s_bytes = s_bytes;
+  job.col_count = 1;
+  return job;
+}
+
+int qo_matmul_experts_mxfp4_f32(const float* A, const int64_t* expert_ids, const uint8_t* B, const uint8_t* B_scale,
+                                float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E, int64_t N, int64_t K) {
+  if (K % 32 != 0 || !B_scale) return QO_ERR_ARGUMENT;
+  qo_experts_job job = job_of(QO_FMT_MXFP4, B, N * K / 2, B_scale, N * K / 32, N, K);
+  return run_experts(&job, A, expert_ids, Y, T, k, a_slots, E);
+}
+
+int qo_matmul_experts_nvfp4_f32(const float* A, const int64_t* expert_ids, const uint8_t* B, const uint8_t* B_scale,
+                                const float* B_scale_2, float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E,
+                                int64_t N, int64_t K) {
+  if (K % 16 != 0 || !B_scale || !B_scale_2) return QO_ERR_ARGUMENT;
+  qo_experts_job job = job_of(QO_FMT_NVFP4, B, N * K / 2, B_scale, N * K / 16, N, K);
+  job.scale_2 = B_scale_2;
+  return run_experts(&job, A, expert_ids, Y, T, k, a_slots, E);
+}
+
+static int scaled_experts(int fmt, const float* A, const int64_t* ids, const void* B, const float* B_scale,
+                          int64_t b_scale_count, float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E, int64_t N,
+                          int64_t K) {
+  if (!B_scale || (b_scale_count != E && b_scale_count != E * N)) return QO_ERR_ARGUMENT;
+  qo_experts_job job = job_of(fmt, B, N * K, NULL, 0, N, K);
+  job.col_scale = B_scale;
+  job.col_count = b_scale_count == E ? 1 : N;
+  return run_experts(&job, A, ids, Y, T, k, a_slots, E);
+}
+
+int qo_matmul_experts_fp8_f32(const float* A, const int64_t* expert_ids, const uint8_t* B, const float* B_scale,
+                              int64_t b_scale_count, float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E,
+                              int64_t N, int64_t K) {
+  return scaled_experts(QO_FMT_FP8, A, expert_ids, B, B_scale, b_scale_count, Y, T, k, a_slots, E, N, K);
+}
+
+int qo_matmul_experts_int8_f32(const float* A, const int64_t* expert_ids, const int8_t* B, const float* B_scale,
+                               int64_t b_scale_count, float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E,
+                               int64_t N, int64_t K) {
+  return scaled_experts(QO_FMT_INT8, A, expert_ids, B, B_scale, b_scale_count, Y, T, k, a_slots, E, N, K);
+}
