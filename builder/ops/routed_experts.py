@@ -352,6 +352,8 @@ def emit_routed_experts(ctx, x: str, routing: Routing, experts: list[tuple], act
                         prefix: str) -> str:
     """x [B, S, H] -> the routed experts' weighted sum [B, S, H] (module docstring). experts: tuples of plans,
     the last one the down projection; activation(ctx, [outputs of the first ones], prefix) -> its input."""
+    if experts_op_applies(ctx, experts):
+        return emit_experts_op(ctx, x, routing, experts, activation, name, prefix)
     g = ctx.graph
     e_count = len(experts)
     hidden = experts[0][0].in_features
@@ -409,6 +411,147 @@ def emit_routed_experts(ctx, x: str, routing: Routing, experts: list[tuple], act
     else_g = helper.make_graph(dense_nodes, f"{name}.all_experts", [], [out_info(dense_out)])
     y = g.op("If", [cond], f"{prefix}/routed/If", then_branch=then_g, else_branch=else_g)
     return g.op("Reshape", [y, g.op("Shape", [x], f"{prefix}/routed/InShape")], f"{prefix}/routed/OutShape")
+
+
+# ---- the CPU form: com.quark_onnx MatMulExperts* (custom_ops/src/qo_cpu_experts.c) ----------------------------------
+# On -e cpu with the custom-op library (the compact-forms mechanism, builder/compact_forms.py, found or built it for
+# the layers' MatMulMxfp4 / MatMulFp8), each expert projection is one node that reads the k chosen experts' compact
+# weights in place from a stack [E, N, ...] in the dense op's own layout (the checkpoint's bytes: MXFP4 e2m1 [E, N,
+# K/2] + e8m0 [E, N, K/32]; FP8 e4m3fn [E, N, K] + scale [E] or [E, N]), decodes them in registers and sums in the
+# dense kernels' fixed order (each output equals MatMulMxfp4 / MatMulFp8 on that expert bit for bit). Quark's
+# in-expert activation quantization stays in standard ops in front of each node: dynamic MXFP4 on each projection's
+# input (per row of 32, so the same before or after the routing), the chosen expert's own static FP8 input scale
+# (Gather of [E, 1] scales: the gate/up input becomes [T, k, H], one row per slot). The kernel groups the (token,
+# slot) pairs by expert, so a prefill reads each chosen expert once (a token-sorted grouped GEMM): no If and no
+# every-expert branch (docs/moe.md, "CPU decode speed"). Without the library the nodes' ONNX functions run the
+# routed standard-op form (Gather of the chosen experts, decode, batched MatMul).
+EXPERTS_OPS = {"mxfp4": ("MatMulExpertsMxfp4", "MatMulMxfp4"), "mxfp4_fp8": ("MatMulExpertsMxfp4", "MatMulMxfp4"),
+               "fp8": ("MatMulExpertsFp8", "MatMulFp8")}
+
+
+def experts_op_applies(ctx, experts: list[tuple]) -> bool:
+    """cpu, fp32 io, --extra_options moe=routed (the default), the library given or found with the ops' kernels, and
+    every projection's experts in a scheme whose dense layers take the matching compact op."""
+    from ..custom_ops_library import OP_SYMBOLS, exported_kernels
+    from .moe import moe_form
+    lib = ctx.options.custom_ops_library
+    if ctx.ep.name != "cpu" or ctx.io != "fp32" or not lib or moe_form(ctx) != "routed" or not applies(experts):
+        return False
+    symbols = exported_kernels(str(lib))
+    for j in range(len(experts[0])):
+        plan = experts[0][j]
+        key = stack_key(plan)
+        ops = EXPERTS_OPS.get(key[0]) if key else None
+        if ops is None or OP_SYMBOLS.get(ops[0]) not in symbols:
+            return False
+        if getattr(plan.scheme, "custom_op", lambda *_: None)(plan, ctx.ep, ctx.io) != ops[1]:
+            return False
+    return True
+
+
+@dataclass
+class OpStack:
+    op: str
+    data: str
+    scale: str
+    bias: str | None
+    mx_mode: str | None
+    fp8_input_scale: str | None  # [E, 1]
+
+
+def _op_expert_arrays(ctx, plan) -> dict[str, np.ndarray]:
+    if plan.scheme in (Mxfp4Linear, Mxfp4Fp8Linear):
+        out = {"data": np.asarray(ctx.ckpt.get(f"{plan.name}.weight"), dtype=np.uint8),
+               "scale": _e8m0_bytes(ctx.ckpt, f"{plan.name}.weight_scale")}
+    else:
+        q, scale = Fp8W8A8.load(plan, ctx.ckpt)
+        out = {"data": np.ascontiguousarray(q), "scale": np.asarray(scale, np.float32).reshape(-1)}  # [N] or [1]
+    if plan.scheme is Mxfp4Fp8Linear or (plan.scheme is Fp8W8A8 and activation_mode(plan.spec) == "static"):
+        out["fp8_input_scale"] = np.full((1,), scalar_scale(ctx.ckpt, f"{plan.name}.input_scale"), np.float32)
+    return out
+
+
+def build_op_stack(ctx, plans: list, name: str) -> OpStack:
+    g, first = ctx.graph, plans[0]
+    key = stack_key(first)
+    small: dict[str, list[np.ndarray]] = {}
+    head = _op_expert_arrays(ctx, first)
+
+    def weights():
+        for e, p in enumerate(plans):
+            arrays = head if e == 0 else _op_expert_arrays(ctx, p)
+            for role, arr in arrays.items():
+                if role != "data":
+                    small.setdefault(role, []).append(arr)
+            if p.has_bias:
+                small.setdefault("bias", []).append(ctx.float_weight(f"{p.name}.bias").reshape(-1))
+            if ctx.progress:
+                ctx.progress(p)
+            yield arrays["data"]
+
+    data = head["data"]
+    names = {"data": g.stream(f"{name}.experts_op.data", data.dtype, (len(plans), *data.shape), weights())}
+    for role, arrs in small.items():
+        arr = np.stack(arrs)
+        if role == "scale" and key[0] == "fp8" and arr.shape[1] == 1:
+            arr = arr.reshape(-1)  # per-tensor: [E]
+        names[role] = g.initializer(f"{name}.experts_op.{role}", arr)
+    mx_mode = key[1] if key[0] == "mxfp4" and emulate_activations(ctx) else None
+    return OpStack(EXPERTS_OPS[key[0]][0], names["data"], names["scale"], names.get("bias"), mx_mode,
+                   names.get("fp8_input_scale"))
+
+
+def _op_fp8_input(ctx, st: OpStack, x: str, idx: str, p: str) -> str:
+    """Quark's static FP8 input quantization with each chosen expert's own scale: x [T, 1 | k, K] -> [T, k, K]
+    (x / s_e, unit-scale Q/DQ, * s_e: the routed standard-op form's arithmetic, _fp8_input)."""
+    g = ctx.graph
+    s = g.op("Gather", [st.fp8_input_scale, idx], f"{p}/GatherInputScale", axis=0)      # [T, k, 1]
+    xs = g.op("Div", [x, s], f"{p}/DivInputScale")
+    one = g.scalar(f"{p}/unit_scale", 1.0, np.float32)
+    zp = g.initializer(f"{p}/zero_point", np.zeros((), ml_dtypes.float8_e4m3fn))
+    q = g.op("QuantizeLinear", [xs, one, zp], f"{p}/input_quant/QuantizeLinear")
+    u = g.op("DequantizeLinear", [q, one, zp], f"{p}/input_quant/DequantizeLinear")
+    return g.op("Mul", [u, s], f"{p}/MulInputScale")
+
+
+def _op_project(ctx, st: OpStack, x: str, idx: str, p: str, mx_done: bool) -> str:
+    """x [T, K] or [T, k, K] -> [T, k, N] for the experts in idx [T, k]."""
+    from custom_ops.functions import DOMAIN, FUNCTIONS
+    g = ctx.graph
+    if st.mx_mode is not None and not mx_done:
+        x = emit_fp4_activation_qdq(ctx, x, Fp4ActivationSpec("mxfp4", MXFP4_GROUP, st.mx_mode), p)
+    if st.fp8_input_scale is not None:
+        x = _op_fp8_input(ctx, st, x, idx, p)
+    g.add_function(FUNCTIONS[st.op](g.opsets[""]), opset_version=1)
+    y = g.op(st.op, [x, idx, st.data, st.scale], f"{p}/{st.op}", domain=DOMAIN)
+    if st.bias is not None:
+        y = g.op("Add", [y, g.op("Gather", [st.bias, idx], f"{p}/GatherBias", axis=0)], f"{p}/BiasAdd")
+    return y
+
+
+def emit_experts_op(ctx, x: str, routing: Routing, experts: list[tuple], activation, name: str, prefix: str) -> str:
+    """x [B, S, H] -> the routed experts' weighted sum [B, S, H] through MatMulExperts* (see above)."""
+    g = ctx.graph
+    hidden = experts[0][0].in_features
+    stacks = [build_op_stack(ctx, [e[j] for e in experts], f"{name}.experts.{j}") for j in range(len(experts[0]))]
+    first, down = stacks[:-1], stacks[-1]
+    p = f"{prefix}/experts"
+    xt = g.op("Reshape", [x, g.const_i64(f"{name}.experts_op.token_rows", [-1, hidden])], f"{p}/Tokens")
+    idx = routing.idx
+    ys = []
+    slot_axis = g.const_i64(f"{name}.experts_op.slot_axis", [1])
+    for j, st in enumerate(first):
+        xj = xt
+        if st.mx_mode is not None:
+            xj = emit_fp4_activation_qdq(ctx, xt, Fp4ActivationSpec("mxfp4", MXFP4_GROUP, st.mx_mode), p)
+        if st.fp8_input_scale is not None:
+            xj = g.op("Unsqueeze", [xj, slot_axis], f"{p}/{j}/SlotAxis")
+        ys.append(_op_project(ctx, st, xj, idx, f"{p}/{j}", mx_done=True))
+    y = _op_project(ctx, down, activation(ctx, ys, p), idx, f"{p}/down", mx_done=False)    # [T, k, H]
+    w = g.op("Unsqueeze", [routing.weights, g.const_i64(f"{name}.experts_op.w_axis", [2])], f"{p}/WeightCols")
+    y = g.op("ReduceSum", [g.op("Mul", [y, w], f"{p}/Weighted"), g.const_i64(f"{name}.experts_op.k_axis", [1])],
+             f"{p}/SumChosen", keepdims=0)                                              # [T, H]
+    return g.op("Reshape", [y, g.op("Shape", [x], f"{p}/InShape")], f"{p}/OutShape")
 
 
 def gathered_bytes_per_token(model: onnx.ModelProto) -> dict[str, int]:
