@@ -7,12 +7,19 @@ form of builder/ops/routed_experts.py), on a synthetic export.
     python benchmarks/moe_cpu_decode.py --arch qwen3_moe --hidden 512 --inter 192 --experts 128 --top_k 8
     python benchmarks/moe_cpu_decode.py --arch qwen3_moe --qwen3_30b --layers 2 --scheme mxfp4 --forms dense,gather
 
+    python benchmarks/moe_cpu_decode.py --qwen3_30b --layers 2 --scheme fp8 --forms dense,routed,gather --prefill 128
+    python benchmarks/moe_cpu_decode.py --gpt_oss_20b --layers 2 --scheme mxfp4 --forms dense,routed,gather
+
 --qwen3_30b: Qwen3-30B-A3B's shape (hidden 2048, 32 heads / 4 KV heads of 128, 128 experts of width 768, top-8),
 vocabulary 4096 (the lm_head is not what is measured). --scheme mxfp4 writes MXFP4 weights with dynamic MXFP4
-activations everywhere (Quark's mxfp4 template; random codes, e8m0 scales 2^-9..2^-5). --forms: dense (moe=dense),
-routed (moe=routed: QMoE for uint4), gather (moe=gather). --prefill T,...: also the latency of one prompt of T tokens
-through each branch of the gather form's If (moe_routed_tokens forcing the routed branch, 1 forcing every-expert),
-ORT CPU session, best of --repeats.
+activations everywhere (Quark's mxfp4 template; random codes, e8m0 scales 2^-9..2^-5). --scheme fp8: FP8 W8A8 weights and static
+per-tensor FP8 activations everywhere (Quark's fp8 template; codes of a Gaussian quantized per tensor).
+--gpt_oss_20b: gpt-oss-20b's expert shape (hidden 2880, 32 experts of width 2880, top-4; 64 / 8 heads of 64) on the
+Qwen3-MoE skeleton (SiLU experts without biases: the expert bytes and FLOPs of gpt-oss, not its attention sinks).
+--forms: dense (moe=dense), routed (moe=routed: QMoE for uint4; com.quark_onnx MatMulExperts* for MXFP4 / FP8 when
+the custom-op library is there), gather (moe=gather: the standard-op form). --prefill T,...: also the latency of one
+prompt of T tokens through each form (ORT CPU session per form, runs interleaved, best of --repeats; the gather form
+only with --prefill_gather: its every-expert branch takes minutes at T = 128).
 
 --arch qwen3_moe writes a Qwen3MoeForCausalLM export instead (per-head q/k norms, head_dim 64, experts of width
 --inter, norm_topk_prob true, every layer sparse), the shape family of Qwen3-30B-A3B (128 experts, top-8).
@@ -52,6 +59,18 @@ def mxfp4_tensors(rng, name: str, n_out: int, n_in: int) -> dict[str, np.ndarray
             f"{name}.weight_scale": rng.integers(118, 123, (n_out, n_in // 32)).astype(np.uint8)}
 
 
+def fp8_tensors(rng, name: str, n_out: int, n_in: int) -> dict[str, np.ndarray]:
+    w = rng.standard_normal((n_out, n_in), np.float32)
+    s = np.float32(np.abs(w).max() / 448.0)
+    return {f"{name}.weight": (w / s).astype(ml_dtypes.float8_e4m3fn), f"{name}.weight_scale": np.array(s),
+            f"{name}.input_scale": np.array(np.float32(0.01))}
+
+
+FP8_SPEC = {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False, "symmetric": True,
+            "observer_cls": "PerTensorMinMaxObserver", "round_method": "half_even", "scale_type": "float",
+            "ch_axis": None, "group_size": None}
+
+
 def write_export(out: Path, hidden: int, inter: int, experts: int, top_k: int, layers: int, group: int = 32,
                  vocab: int = 4096, heads: int = 8, kv_heads: int = 2, arch: str = "mixtral", scheme: str = "uint4",
                  head_dim: int | None = None) -> None:
@@ -63,6 +82,10 @@ def write_export(out: Path, hidden: int, inter: int, experts: int, top_k: int, l
     if scheme == "mxfp4":
         q["global_quant_config"]["weight"] = dict(MXFP4_SPEC)
         q["global_quant_config"]["input_tensors"] = dict(MXFP4_SPEC, is_dynamic=True)
+        q["exclude"] = ["lm_head"] + [f"model.layers.{i}.mlp.gate" for i in range(layers)]
+    if scheme == "fp8":
+        q["global_quant_config"]["weight"] = dict(FP8_SPEC)
+        q["global_quant_config"]["input_tensors"] = dict(FP8_SPEC)
         q["exclude"] = ["lm_head"] + [f"model.layers.{i}.mlp.gate" for i in range(layers)]
     cfg = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": hidden,
            "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
@@ -95,31 +118,38 @@ def write_export(out: Path, hidden: int, inter: int, experts: int, top_k: int, l
             shapes.update({f"mlp.experts.{e}.gate_proj": (inter, hidden), f"mlp.experts.{e}.up_proj": (inter, hidden),
                            f"mlp.experts.{e}.down_proj": (hidden, inter)})
         for proj, (n_out, n_in) in shapes.items():
-            tensors.update(mxfp4_tensors(rng, f"{p}.{proj}", n_out, n_in) if scheme == "mxfp4"
-                           else linear_tensors(rng, f"{p}.{proj}", n_out, n_in, group))
+            if scheme == "mxfp4":
+                tensors.update(mxfp4_tensors(rng, f"{p}.{proj}", n_out, n_in))
+            elif scheme == "fp8":
+                tensors.update(fp8_tensors(rng, f"{p}.{proj}", n_out, n_in))
+            else:
+                tensors.update(linear_tensors(rng, f"{p}.{proj}", n_out, n_in, group))
     save_file(tensors, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
 
 
-def prefill_ms(model_dir: Path, t: int, repeats: int) -> float:
-    """Best latency (ms) of one ORT CPU run of a t-token prompt with an empty cache."""
-    import time
+def prefill_session(model_dir: Path):
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    sess = ort.InferenceSession(str(model_dir / "model.onnx"), so, providers=["CPUExecutionProvider"])
+    cfg = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"].get("session_options", {})
+    if cfg.get("custom_ops_library"):
+        so.register_custom_ops_library(str(model_dir / cfg["custom_ops_library"]))
+    return ort.InferenceSession(str(model_dir / "model.onnx"), so, providers=["CPUExecutionProvider"])
+
+
+def prefill_once(sess, t: int) -> float:
+    """Seconds of one ORT CPU run of a t-token prompt with an empty cache."""
+    import time
     ids = np.random.default_rng(2).integers(3, 4096, size=(1, t), dtype=np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     for inp in sess.get_inputs():
         if inp.name.startswith("past_key_values"):
             feeds[inp.name] = np.zeros((1, inp.shape[1], 0, inp.shape[3]), np.float32)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        sess.run(["logits"], feeds)
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+    start = time.perf_counter()
+    sess.run(["logits"], feeds)
+    return time.perf_counter() - start
 
 
 def main() -> int:
@@ -132,7 +162,9 @@ def main() -> int:
     ap.add_argument("--top_k", type=int, default=2)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--qwen3_30b", action="store_true", help="Qwen3-30B-A3B's layer shape (see above)")
-    ap.add_argument("--scheme", choices=("uint4", "mxfp4"), default="uint4")
+    ap.add_argument("--gpt_oss_20b", action="store_true", help="gpt-oss-20b's expert shape (see above)")
+    ap.add_argument("--scheme", choices=("uint4", "mxfp4", "fp8"), default="uint4")
+    ap.add_argument("--prefill_gather", action="store_true")
     ap.add_argument("--forms", default="dense,routed")
     ap.add_argument("--prefill", default="")
     ap.add_argument("--tokens", type=int, default=64)
@@ -144,6 +176,9 @@ def main() -> int:
     if a.qwen3_30b:
         a.arch, a.hidden, a.inter, a.experts, a.top_k = "qwen3_moe", 2048, 768, 128, 8
         heads, kv_heads, head_dim = 32, 4, 128
+    if a.gpt_oss_20b:
+        a.arch, a.hidden, a.inter, a.experts, a.top_k = "qwen3_moe", 2880, 2880, 32, 4
+        heads, kv_heads, head_dim = 64, 8, 64
     root = Path(a.root)
     src = root / "export"
     write_export(src, a.hidden, a.inter, a.experts, a.top_k, a.layers, arch=a.arch, scheme=a.scheme, heads=heads,
@@ -165,17 +200,15 @@ def main() -> int:
         print(f"{form} / {forms[0]} {best[form] / best[forms[0]]:.2f}x")
     if a.prefill:
         lens = [int(t) for t in a.prefill.split(",")]
-        branches = {"routed branch": 1 << 20, "every-expert branch": 1}
-        for name, limit in branches.items():
-            convert(src, root / name.replace(" ", "_"), "cpu", "fp32",
-                    BuildOptions(accuracy_level=1, extra={"moe": "gather", "moe_routed_tokens": limit}),
-                    log=lambda _m: None)
-        dirs = {name: root / name.replace(" ", "_") for name in branches}
-        if "dense" in forms:
-            dirs["dense form"] = root / "dense"
+        sessions = {form: prefill_session(root / form) for form in forms if form != "gather" or a.prefill_gather}
         for t in lens:
-            ms = {name: prefill_ms(d, t, a.repeats) for name, d in dirs.items()}
-            print(f"prefill {t:4d} tokens: " + ", ".join(f"{n} {v:9.1f} ms" for n, v in ms.items()))
+            best_ms = dict.fromkeys(sessions, float("inf"))
+            for form, sess in sessions.items():  # warm-up
+                prefill_once(sess, t)
+            for _ in range(a.repeats):  # interleaved
+                for form, sess in sessions.items():
+                    best_ms[form] = min(best_ms[form], prefill_once(sess, t) * 1e3)
+            print(f"prefill {t:4d} tokens: " + ", ".join(f"{f} {v:9.1f} ms" for f, v in best_ms.items()))
     return 0
 
 

@@ -140,8 +140,10 @@ def expert_form(ctx, experts: list[tuple], biases: bool = False) -> tuple[str, i
 def form_note(model_plan, blocks: dict[int, list[tuple]], biases: bool = False) -> str:
     """One line for `inspect` and the conversion log: how the MoE blocks {layer: experts} will be emitted."""
     from types import SimpleNamespace
-    ctx = SimpleNamespace(ep=model_plan.ep, options=model_plan.options)
+    from . import routed_experts
+    ctx = SimpleNamespace(ep=model_plan.ep, options=model_plan.options, io=model_plan.io)
     forms = {i: expert_form(ctx, experts, biases) for i, experts in blocks.items()}
+    n_op = sum(f == "gather" and routed_experts.experts_op_applies(ctx, blocks[i]) for i, (f, _) in forms.items())
     parts = []
     qmoe = sorted({bs for f, bs in forms.values() if f == "qmoe"})
     n_qmoe = sum(f == "qmoe" for f, _ in forms.values())
@@ -150,6 +152,10 @@ def form_note(model_plan, blocks: dict[int, list[tuple]], biases: bool = False) 
     if n_qmoe:
         parts.append(f"{n_qmoe} sparse layer(s) as one com.microsoft QMoE each (routed, 4-bit experts, "
                      f"block_size {', '.join(str(b) for b in qmoe)})")
+    if n_op:
+        parts.append(f"{n_op} sparse layer(s) routed through com.quark_onnx MatMulExperts* (the chosen experts' "
+                     "compact weights read in place by the custom-op library's kernel; ONNX-function fallback)")
+        n_gather -= n_op
     if n_gather:
         parts.append(f"{n_gather} sparse layer(s) routed in standard ops (Gather of the chosen experts' stacked "
                      "weights; If: every expert, chunked, past E/k tokens)")
