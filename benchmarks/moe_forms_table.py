@@ -46,6 +46,13 @@ def expert_bytes(model: onnx.ModelProto, k: int, e: int) -> tuple[str, str, int,
                       and ".routed." in t.name)
         first = next(iter(gathered_bytes_per_token(model).values()))
         return "routed", "Gather + decode + MatMul (If)", first, stacked
+    experts_op = sorted(o for o in ops if o.startswith("MatMulExperts"))
+    if experts_op:  # CPU with the custom-op library: the k chosen experts of each stack [E, ...] read in place
+        node = next(n for n in model.graph.node if n.op_type in experts_op)
+        layer = node.name.split("/moe")[0].replace("/model/layers.", "model.layers.") + ".mlp."
+        total = sum(_nbytes(t) for t in inits if t.name.startswith(layer) and ".experts." in t.name
+                    and ".experts_op." in t.name)
+        return "routed", f"com.quark_onnx {'/'.join(experts_op)}", round(total * k / e), total
     if "QMoE" in ops:
         node = next(n for n in model.graph.node if n.op_type == "QMoE")
         total = sum(_nbytes(t) for t in inits if t.name in set(node.input) and ".experts." in t.name)

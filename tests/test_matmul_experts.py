@@ -119,6 +119,10 @@ def test_experts_op(fmt, t, per_slot, ort_ops_library):
         assert ("MatMulExperts" + fmt, "CPUExecutionProvider") in profiled_nodes(sess)
     assert np.array_equal(outs[1], outs[2])
     y = outs[1]
+    # the portable C path (no SIMD) gives the same bits
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QO_CPU_KERNELS", "portable")
+        assert np.array_equal(session(model, library=ort_ops_library, threads=2).run(None, feeds)[0], y)
     assert y.shape == (t, k, n) and y.dtype == np.float32
     assert np.max(np.abs(y - y_ref) / bound) <= REL_FP32
     # bit for bit: the dense op on each chosen expert's own weight

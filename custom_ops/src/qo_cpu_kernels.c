@@ -511,10 +511,8 @@ static int use_avx2(void) {
 #endif
 }
 
-static void gemm_task(void* data, size_t t) {
-  qo_job* job = (qo_job*)data;
-  const int64_t n0 = (int64_t)t * job->rows_per_task;
-  const int64_t n1 = n0 + job->rows_per_task < job->N ? n0 + job->rows_per_task : job->N;
+/* Weight rows [n0, n1) of a job: the one dispatch point (also qo_cpu_weight_rows_f32's). */
+static void rows_task(qo_job* job, int64_t n0, int64_t n1) {
 #if QO_X86_AVX2
   if (job->avx2) {
     if (job->M <= QO_GEMV_MAX_M)
@@ -525,6 +523,12 @@ static void gemm_task(void* data, size_t t) {
   }
 #endif
   portable_task(job, n0, n1);
+}
+
+static void gemm_task(void* data, size_t t) {
+  qo_job* job = (qo_job*)data;
+  const int64_t n0 = (int64_t)t * job->rows_per_task;
+  rows_task(job, n0, n0 + job->rows_per_task < job->N ? n0 + job->rows_per_task : job->N);
 }
 
 static QO_THREAD_LOCAL const qo_parallel_runner* tls_runner = NULL;
@@ -538,7 +542,6 @@ int qo_cpu_parallel_for(qo_task_fn task, size_t total, void* data) {
   for (int64_t t = 0; t < (int64_t)total; ++t) task(data, (size_t)t);
   return QO_OK;
 }
-
 
 static int run_gemm(const float* A, int64_t M, int64_t N, int64_t K, const qo_weight* w, const float* row_scale,
                     const float* col_scale, int64_t col_scale_count, float* Y) {
@@ -850,19 +853,13 @@ int qo_cpu_weight_rows_f32(int fmt, const float* A, int64_t M, int64_t N, int64_
   fp8_value_table();
   qo_job job = {A, M, N, K, &w, NULL, col_scale, col_scale_count, Y, n1 - n0, use_avx2(), NULL, 0};
 #if QO_X86_AVX2
-  if (job.avx2) {
-    if (M <= QO_GEMV_MAX_M) {
-      avx_gemv_by_format[w.fmt](&job, n0, n1);
-    } else {
-      float* pack = tls_grow(&tls_apack, &tls_apack_floats, (size_t)((M + 3) / 4 * 4 * (K / QO_LANES) * QO_LANES + 16));
-      if (!pack) return QO_ERR_ALLOC;
-      job.a_pack = align64(pack);
-      pack_a(A, M, K, (float*)job.a_pack);
-      avx_panel_task(&job, n0, n1);
-    }
-    return job.failed ? QO_ERR_ALLOC : QO_OK;
+  if (job.avx2 && M > QO_GEMV_MAX_M) { /* A packed as run_gemm packs it, into this thread's buffer */
+    float* pack = tls_grow(&tls_apack, &tls_apack_floats, (size_t)((M + 3) / 4 * 4 * (K / QO_LANES) * QO_LANES + 16));
+    if (!pack) return QO_ERR_ALLOC;
+    job.a_pack = align64(pack);
+    pack_a(A, M, K, (float*)job.a_pack);
   }
 #endif
-  portable_task(&job, n0, n1);
+  rows_task(&job, n0, n1);
   return job.failed ? QO_ERR_ALLOC : QO_OK;
 }
