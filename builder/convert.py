@@ -365,6 +365,9 @@ def _write_output(plan: ModelPlan, ckpt: Checkpoint, graph: GraphBuilder, tmp: P
                   validate: bool, progress_bar: bool = False) -> None:
     ctx = EmitContext(graph, ckpt, plan.ep, plan.io, plan.options, plan.quant, notes=plan.notes)
     _emit_with_progress(ctx, plan, log, ProgressBar(len(plan.linears), graph.bytes_reserved) if progress_bar else None)
+    if plan.ep.keep_fake_quant:
+        from .ops.keep_fake_quant import keep_fake_quant
+        keep_fake_quant(graph)
     t1 = time.perf_counter()
     graph.finish(tmp / "model.onnx", metadata={"quark_onnx.ep": plan.ep.name, "quark_onnx.io": plan.io,
                                                ACCURACY_LEVEL_KEY: accuracy_levels(graph.nodes)})

@@ -17,6 +17,7 @@ class EPConfig:
     accuracy_level_8bit: int = 0
     gqa_kv_quant: frozenset = frozenset()      # cache dtypes GroupQueryAttention quantizes natively ("fp8", "int8")
     gqa_head_sink: bool = True                 # GroupQueryAttention's head_sink input (attention sinks, gpt-oss)
+    keep_fake_quant: bool = False              # Q/DQ pairs rewritten so MIGraphX's GPU keeps them (ops/keep_fake_quant.py)
     fp8_linear: str = "qdq"                    # FP8 linears: qdq | dequantized_weight | matmul_block_fp8 | custom_op
     int8_linear: str = "qdq"                   # INT8 W8A8 linears: qdq | dequantized_weight (quant/int8_w8a8.py)
     fp4_linear: str = "matmul_nbits8"          # MXFP4/NVFP4: matmul_nbits8 | native | dq_fp8 | dq_int8 | dense (quant/mxfp4.py)

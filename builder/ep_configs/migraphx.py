@@ -67,6 +67,7 @@ CONFIG = EPConfig(
     matmul_nbits_bits=frozenset({4}),      # parse_matmulnbits.cpp: bits must be 4
     int_weight_dequantize_fallback=True,   # 8-bit weight-only: DequantizeLinear(int8) -> MatMul instead
     gqa_head_sink=False,                   # parse_group_query_attention.cpp reads inputs 0-10 (no head_sink)
+    keep_fake_quant=True,                  # simplify_qdq remove_qdq_pairs drops same-scale Q/DQ pairs on the GPU
     matmul_nbits_bias_input=False,         # parse_matmulnbits.cpp ignores inputs 4 (g_idx) and 5 (bias)
     fp8_linear="qdq",
     fp8_format="e4m3fnuz",                 # onnx_parser.cpp get_type: 18 is the only fp8 type it reads
