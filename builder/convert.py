@@ -444,7 +444,9 @@ def describe_plan(plan: ModelPlan) -> str:
     for name, lp in plan.linears.items():
         spec = lp.spec.short() if lp.spec else "float"
         bias = " +bias" if lp.has_bias else ""
-        lines.append(f"  {name:<{width}}  {spec}  ->  {lp.scheme.describe(lp, plan.ep)}{bias}")
+        extra = plan.ep.layer_note(plan, name, lp) if plan.ep.layer_note is not None else None
+        lines.append(f"  {name:<{width}}  {spec}  ->  {lp.scheme.describe(lp, plan.ep)}{bias}"
+                     + (f"  [{extra}]" if extra else ""))
     for note in plan.notes:
         lines.append(f"note: {note}")
     for warning in plan.warnings:

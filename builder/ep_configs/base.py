@@ -24,6 +24,7 @@ class EPConfig:
     fp8_format: str = "e4m3fn"                 # fp8 tensors: e4m3fn | e4m3fnuz (same bits, doubled scales: ops/fnuz.py)
     refused_forms: dict = field(default_factory=dict)  # {"fp8_linear": {form: why}, ...}: --extra_options refused
     plan_notes: object = None                  # callable(model_plan) -> [str]: what `inspect` adds for this EP
+    layer_note: object = None                  # callable(model_plan, name, linear_plan) -> str | None: per layer
     fp4_accuracy_level: int = 1                # MatMulNBits accuracy_level of the 8-bit FP4 re-encoding (docs/fp4.md)
     custom_ops_backend: str | None = None      # cpu | cuda | hip: which custom_ops library build applies
     notes: tuple[str, ...] = ()                # what `inspect` should tell the user about this EP

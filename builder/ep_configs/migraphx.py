@@ -57,6 +57,33 @@ def plan_notes(model_plan) -> list[str]:
     return notes
 
 
+# Per layer and AMD generation: where the GEMM runs natively (AMDMIGraphX f729a52, read from source, not run on a
+# GPU): src/simplify_qdq.cpp match_find_quantizable_ops makes quant_dot of dot(DQ(int8/fp8, constant scale),
+# DQ(int8/fp8, constant scale)) with per-tensor or per-axis scales; src/targets/gpu/eliminate_data_type_for_gpu.cpp
+# for_fp8fnuz computes fnuz dot/quant_dot in float where gfx_has_fp8fnuz_intrinsics() is false (device_name.cpp:
+# gfx94x only); the ONNX parser reads no float8e4m3fn (onnx_parser.cpp get_type), so no OCP-FP8 GEMM is reachable;
+# MX quant_dot (match_find_mx_quantizable_ops, gfx950 only) needs block-scaled DQ of float4e2m1 on both operands,
+# which these graphs do not hold (docs/amd_generations.md).
+FLOAT_GEMM = "AMD: io-dtype GEMM on every gfx"
+
+
+def layer_note(model_plan, name: str, lp) -> str | None:
+    from ..quant.fp8_w8a8 import activation_mode
+    scheme = lp.scheme.name
+    if ".experts." in name and model_plan.options.extra.get("moe", "routed") != "dense":
+        return FLOAT_GEMM + " (routed expert: weights decoded in ops)"
+    if scheme == "fp8-w8a8" and model_plan.ep.fp8_linear == "qdq":
+        if activation_mode(lp.spec) == "static":
+            return "AMD: FP8 GEMM (fnuz quant_dot) on gfx94x; float GEMM on gfx950, gfx12 and older"
+        return FLOAT_GEMM + " (dynamic activation scale: no quant_dot)"
+    if scheme == "int8-w8a8":
+        static = lp.spec.input_tensors and not lp.spec.input_tensors[0].is_dynamic
+        return "AMD: int8 quant_dot" if static else FLOAT_GEMM + " (dynamic activation scale: no quant_dot)"
+    if scheme in ("mxfp4", "nvfp4", "mxfp4-fp8"):
+        return FLOAT_GEMM + " (no MX FP4 GEMM: gfx950's needs float4e2m1 Q/DQ on both operands)"
+    return FLOAT_GEMM
+
+
 CONFIG = EPConfig(
     name="migraphx",
     default_precision="fp16",
@@ -74,6 +101,7 @@ CONFIG = EPConfig(
     fp4_linear="dq_int8",
     refused_forms=REFUSED,
     plan_notes=plan_notes,
+    layer_note=layer_note,
     custom_ops_backend="hip",
     constraints=MIGRAPHX_RULES,
     model_constraints=MIGRAPHX_MODEL_RULES,
