@@ -196,3 +196,38 @@ def test_compare_feeds_each_runtime_its_own_cache(quark_exports, tmp_path, monke
     monkeypatch.setitem(sys.modules, "migraphx", _OrtAsMigraphx(forget_cache=True))
     row = migraphx_ref_compare.compare(out, ids, decode_steps=3)
     assert row["prompt"] == 0.0 and len(row["decode_steps"]) == 3 and min(row["decode_steps"]) > 1e-3, row
+
+
+def test_gfx950_probe_references_agree_with_ort_where_ort_runs():
+    """No MIGraphX needed: tools/migraphx_gfx950_probe.py's numpy references are right where ORT CPU can run the
+    graph (float8e4m3fn Q/DQ), and its e2m1 rounding equals ml_dtypes' float4_e2m1fn cast."""
+    import ml_dtypes
+    import numpy as np
+    import onnxruntime as ort
+    sys.path.insert(0, str(REPO / "tools"))
+    from migraphx_gfx950_probe import e2m1_round, probes
+    v = np.concatenate([np.linspace(-8, 8, 20001, dtype=np.float32),
+                        np.array([.25, .75, 1.25, 1.75, 2.5, 3.5, 5, -5, -.25], np.float32)])
+    np.testing.assert_array_equal(e2m1_round(v), v.astype(ml_dtypes.float4_e2m1fn).astype(np.float32))
+    model, x, expect = probes(np.random.default_rng(0))["fp8_ocp_qdq"]
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    y = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, expect, rtol=1e-6, atol=1e-5)
+
+
+def test_gfx950_forms_on_migraphx_ref(tmp_path):
+    """What docs/amd_generations.md expects from MIGraphX's source (f729a52): float8e4m3fn refused by the parser
+    (onnx_parser.cpp get_type), a float4e2m1 initializer not computed right (parse_tensor_shape halves INT4/UINT4
+    only), QuantizeLinear to float4e2m1 + blocked DequantizeLinear on one or both MatMul operands (the MX quant_dot
+    pattern of simplify_qdq) computed as numpy's e2m1 decoding. A MIGraphX that reads float8e4m3fn fails the first
+    assertion: then an amd_arch=gfx950 OCP-FP8 form becomes possible."""
+    lib = _lib_or_skip()
+    r = _run_tool(lib, "migraphx_gfx950_probe.py", ["--json", str(tmp_path / "probe.json")], timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads((tmp_path / "probe.json").read_text())
+    assert not rows["fp8_ocp_qdq"]["ok"] and "data type 17 not supported" in rows["fp8_ocp_qdq"]["error"], rows
+    init = rows["fp4_initializer"]
+    assert not init["ok"] or init["max_abs_diff"] > 1e-3 * init["scale"], init
+    for name in ("fp4_q_act", "mx_dot"):
+        assert rows[name]["ok"] and rows[name]["max_abs_diff"] <= 1e-5 * rows[name]["scale"], (name, rows[name])
