@@ -28,6 +28,7 @@ class _Graph:  # the two GraphBuilder attributes keep_fake_quant uses
         self.nodes = list(model.graph.node)
         self.initializers = list(model.graph.initializer)
         self.op_counts = {}
+        self.outputs = list(model.graph.output)
 
 
 def _model(io: int):
@@ -92,3 +93,19 @@ def test_built_rocm_graph_keeps_every_fake_quantization(quark_exports, tmp_path)
 
 
 QUARK_EXPORTS = [("llama_h64", "fp8_w8a8_kv_attn")]
+
+
+def test_a_pair_returned_by_the_graph_or_read_in_a_branch_is_kept():
+    """remove_qdq_pairs rewrites every use of the DequantizeLinear, the graph's return included; an If branch that
+    reads it from the outer scope is a use too."""
+    from builder.ops.keep_fake_quant import keep_fake_quant
+    s = nh.from_array(np.array(0.5, np.float32), "s")
+    branch = h.make_graph([h.make_node("Relu", ["d"], ["r"])], "b", [], [h.make_tensor_value_info("r", T.FLOAT, [4])])
+    for nodes, outs in (([], ["d"]), ([h.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)],
+                                      ["y"])):
+        g = h.make_graph([h.make_node("QuantizeLinear", ["x", "s"], ["q"], name="q"),
+                          h.make_node("DequantizeLinear", ["q", "s"], ["d"], name="d")] + nodes, "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, [4]), h.make_tensor_value_info("c", T.BOOL, [])],
+                         [h.make_tensor_value_info(o, T.FLOAT, [4]) for o in outs], [s])
+        gb = _Graph(h.make_model(g))
+        assert keep_fake_quant(gb) == 1, outs

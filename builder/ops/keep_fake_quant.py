@@ -31,9 +31,20 @@ QUANT_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.FLOAT8E4M3FN, o
                          onnx.TensorProto.FLOAT8E5M2, onnx.TensorProto.FLOAT8E5M2FNUZ})
 
 
-def _walk(nodes, consts: dict[str, int], counter: list[int]) -> list[onnx.NodeProto]:
+def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
+    names: set[str] = set()
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            for n in a.g.node:
+                names.update(n.input)
+                names |= _subgraph_inputs(n)
+    return names
+
+
+def _walk(nodes, consts: dict[str, int], counter: list[int], outputs: set[str]) -> list[onnx.NodeProto]:
     """Rewrite one graph's node list (returned, with the new Add nodes placed before their QuantizeLinear);
-    consts maps constant names (initializers, Constant outputs, outer scopes) to their element type."""
+    consts maps constant names (initializers, Constant outputs, outer scopes) to their element type; outputs are
+    the graph's output names (a DequantizeLinear returned by the graph is a use the GPU rewrites too)."""
     consts = dict(consts)
     for n in nodes:
         if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR:
@@ -41,7 +52,7 @@ def _walk(nodes, consts: dict[str, int], counter: list[int]) -> list[onnx.NodePr
     producer = {o: n for n in nodes for o in n.output}
     users: dict[str, list[onnx.NodeProto]] = {}
     for n in nodes:
-        for i in n.input:
+        for i in set(n.input) | _subgraph_inputs(n):  # an If branch reading an outer value uses it
             users.setdefault(i, []).append(n)
 
     def back(name: str, skip) -> onnx.NodeProto | None:
@@ -82,7 +93,8 @@ def _walk(nodes, consts: dict[str, int], counter: list[int]) -> list[onnx.NodePr
                 if u.op_type in SKIP_TO_Q and u.input[0] == name:
                     frontier.append(u.output[0])
                 elif u.op_type == "DequantizeLinear" and u.input[0] == name:
-                    if any(not (c.op_type == "MatMul" and dot_takes(c)) for c in users.get(u.output[0], [])):
+                    if u.output[0] in outputs or any(not (c.op_type == "MatMul" and dot_takes(c))
+                                                     for c in users.get(u.output[0], [])):
                         return True
         return False
 
@@ -90,7 +102,8 @@ def _walk(nodes, consts: dict[str, int], counter: list[int]) -> list[onnx.NodePr
     for n in nodes:
         for a in n.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
-                sub = _walk(list(a.g.node), consts | {t.name: t.data_type for t in a.g.initializer}, counter)
+                sub = _walk(list(a.g.node), consts | {t.name: t.data_type for t in a.g.initializer}, counter,
+                            {o.name for o in a.g.output})
                 del a.g.node[:]
                 a.g.node.extend(sub)
         if n.op_type == "QuantizeLinear" and reaches_dropped_dq(n):
@@ -108,7 +121,7 @@ def keep_fake_quant(graph) -> int:
     """Rewrite graph.nodes (a builder.graph.GraphBuilder) in place; returns how many QuantizeLinear were rewritten."""
     consts = {t.name: t.data_type for t in graph.initializers}
     counter = [0]
-    graph.nodes[:] = _walk(list(graph.nodes), consts, counter)
+    graph.nodes[:] = _walk(list(graph.nodes), consts, counter, {o.name for o in graph.outputs})
     if counter[0]:
         graph.op_counts["Add"] = graph.op_counts.get("Add", 0) + 2 * counter[0]
     return counter[0]
