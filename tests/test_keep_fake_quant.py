@@ -109,3 +109,20 @@ def test_a_pair_returned_by_the_graph_or_read_in_a_branch_is_kept():
                          [h.make_tensor_value_info(o, T.FLOAT, [4]) for o in outs], [s])
         gb = _Graph(h.make_model(g))
         assert keep_fake_quant(gb) == 1, outs
+
+
+def test_check_warns_about_a_graph_whose_pairs_the_gpu_drops():
+    """`python -m builder check` (ep_rules migraphx-gpu-drops-fake-quant): a warning for a graph built without the
+    rewrite, none after it."""
+    from builder.ep_check import check_findings
+    from builder.ep_configs import get_ep
+    from builder.ops.keep_fake_quant import keep_fake_quant
+    m = _model(T.FLOAT)
+    rule = "migraphx-gpu-drops-fake-quant"
+    found = [f for f in check_findings(m, get_ep("rocm")) if f.rule == rule]
+    assert len(found) == 1 and found[0].message.startswith("1 QuantizeLinear"), found
+    g = _Graph(m)
+    keep_fake_quant(g)
+    del m.graph.node[:]
+    m.graph.node.extend(g.nodes)
+    assert not [f for f in check_findings(m, get_ep("rocm")) if f.rule == rule]

@@ -82,6 +82,16 @@ def _walk(nodes, consts: dict[str, int], counter: list[int], outputs: set[str]) 
                 return False
         return True
 
+    def maybe_same(a: str, b: str) -> bool:  # is_same_value: one instruction, or literals (values unknown here)
+        return a == b or (a in consts and b in consts)
+
+    def same_params(q: onnx.NodeProto, d: onnx.NodeProto) -> bool:
+        zq = q.input[2] if len(q.input) > 2 else ""
+        zd = d.input[2] if len(d.input) > 2 else ""
+        # is_same_scale_zero: equal input counts (a zero point on one side only: not a pair), then scale and zp
+        return maybe_same(q.input[1], d.input[1]) and (zq == zd == "" or (bool(zq) and bool(zd)
+                                                                           and maybe_same(zq, zd)))
+
     def reaches_dropped_dq(q: onnx.NodeProto) -> bool:
         frontier, seen = [q.output[0]], set()
         while frontier:
@@ -92,7 +102,7 @@ def _walk(nodes, consts: dict[str, int], counter: list[int], outputs: set[str]) 
                 seen.add(id(u))
                 if u.op_type in SKIP_TO_Q and u.input[0] == name:
                     frontier.append(u.output[0])
-                elif u.op_type == "DequantizeLinear" and u.input[0] == name:
+                elif u.op_type == "DequantizeLinear" and u.input[0] == name and same_params(q, u):
                     if u.output[0] in outputs or any(not (c.op_type == "MatMul" and dot_takes(c))
                                                      for c in users.get(u.output[0], [])):
                         return True
@@ -124,4 +134,16 @@ def keep_fake_quant(graph) -> int:
     graph.nodes[:] = _walk(list(graph.nodes), consts, counter, {o.name for o in graph.outputs})
     if counter[0]:
         graph.op_counts["Add"] = graph.op_counts.get("Add", 0) + 2 * counter[0]
+    return counter[0]
+
+
+def count_dropped(graph: onnx.GraphProto) -> int:
+    """How many QuantizeLinear of this graph (If branches included) have a pair MIGraphX's GPU drops; the graph is
+    not changed (`python -m builder check`: ep_rules migraphx-gpu-drops-fake-quant)."""
+    g = onnx.GraphProto()
+    g.CopyFrom(graph)
+    del g.initializer[:]  # their element types are all the walk needs
+    consts = {t.name: t.data_type for t in graph.initializer}
+    counter = [0]
+    _walk(list(g.node), consts, counter, {o.name for o in g.output})
     return counter[0]
