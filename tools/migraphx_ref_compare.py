@@ -127,6 +127,7 @@ def compare(model_dir: Path, ids: np.ndarray, decode_steps: int = DECODE_STEPS) 
         tok = np.array([[int(ort_out["logits"][0, -1].argmax())]], np.int64)
         ort_feeds = _feeds(tok, presents(ort_out), past_len)
         mgx_feeds = _feeds(tok, {k: v.astype(ort_feeds[k].dtype) for k, v in presents(mgx_out).items()}, past_len)
+    row.setdefault("decode", "-")  # --decode-steps 0
     return row
 
 
