@@ -111,6 +111,42 @@ def _simulate_graph(graph: onnx.GraphProto, consts: dict, dtypes: dict) -> int:
     return dropped
 
 
+def simulate_recip(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """The GPU's QuantizeLinear with a constant scale: src/rewrite_quantization.cpp lowers it to div(x, scale), and
+    src/simplify_algebra.cpp find_div_const rewrites a div by a constant into mul(x, recip(c)). Simulated as
+    QuantizeLinear(Mul(x, fp32(1 / s)), 1): x * (1/s) instead of x / s, which differs in the last bit where s is
+    not a power of two. Main graph and If branches; returns (model, QuantizeLinear rewritten)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    count = [0]
+
+    def walk(graph, consts):
+        consts = dict(consts)
+        for t in graph.initializer:
+            if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+                consts[t.name] = numpy_helper.to_array(t)
+        nodes = []
+        for n in graph.node:
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    walk(a.g, consts)
+            if n.op_type == "QuantizeLinear" and n.input[1] in consts:
+                s = consts[n.input[1]]
+                base = n.name or n.output[0]
+                r = numpy_helper.from_array((np.float32(1) / s.astype(np.float32)).astype(s.dtype), f"{base}/recip")
+                one = numpy_helper.from_array(np.ones_like(s), f"{base}/one")
+                graph.initializer.extend([r, one])
+                nodes.append(onnx.helper.make_node("Mul", [n.input[0], r.name], [f"{base}/x_recip"]))
+                n.input[0], n.input[1] = f"{base}/x_recip", one.name
+                count[0] += 1
+            nodes.append(n)
+        del graph.node[:]
+        graph.node.extend(nodes)
+
+    walk(m.graph, {})
+    return m, count[0]
+
+
 def simulate(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     m = onnx.ModelProto()
     m.CopyFrom(model)
@@ -118,14 +154,14 @@ def simulate(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return m, _simulate_graph(m.graph, {}, dtypes)
 
 
-def compare(model_dir: Path, ids: np.ndarray) -> tuple[int, float]:
+def compare(model_dir: Path, ids: np.ndarray, recip: bool = False) -> tuple[int, float]:
     import json
 
     import onnxruntime as ort
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from migraphx_ref_compare import _empty_past, _feeds
     model = onnx.load(str(model_dir / "model.onnx"))
-    sim, dropped = simulate(model)
+    sim, dropped = simulate_recip(model) if recip else simulate(model)
     shared = json.loads((model_dir / "genai_config.json").read_text())["search"].get("past_present_share_buffer")
     so = ort.SessionOptions()
     so.log_severity_level = 3
@@ -143,6 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="the tiny exports of tools/migraphx_ref_compare.py")
     ap.add_argument("--recipes", default=None)
     ap.add_argument("--families", default=None)
+    ap.add_argument("--recip", action="store_true",
+                    help="simulate find_div_const (x * (1/s) in every constant-scale QuantizeLinear) instead")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import tempfile
@@ -161,7 +199,7 @@ def main(argv=None) -> int:
             if isinstance(d, str):
                 print(f"| {name} | - | {d} |", flush=True)
                 continue
-            dropped, diff = compare(d, model_ids)
+            dropped, diff = compare(d, model_ids, args.recip)
             print(f"| {name} | {dropped} | {diff:.1e} |", flush=True)
     return 0
 
