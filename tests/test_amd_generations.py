@@ -19,7 +19,8 @@ def _layer_lines(export, ep: str, extra=()):
 @pytest.mark.parametrize("shape,recipe,layer,expect", [
     ("llama_h64", "fp8_w8a8_kv", "model.layers.0.self_attn.q_proj",
      "AMD: FP8 GEMM (fnuz quant_dot) on gfx94x; float GEMM on gfx950, gfx12 and older"),
-    ("llama_h64", "ptpc_fp8", "model.layers.0.mlp.down_proj", "(dynamic activation scale: no quant_dot)"),
+    # PTPC: x / s_token -> unit-scale Q/DQ -> MatMul(DQ(W)) -> * s_token: still dot(DQ, DQ), so quant_dot
+    ("llama_h64", "ptpc_fp8", "model.layers.0.mlp.down_proj", "AMD: FP8 GEMM (fnuz quant_dot) on gfx94x"),
     ("llama_h64", "mxfp4", "model.layers.1.mlp.up_proj", "(no MX FP4 GEMM: gfx950's needs float4e2m1 Q/DQ"),
     ("qwen3_moe", "fp8_w8a8", "model.layers.0.self_attn.o_proj", "AMD: FP8 GEMM (fnuz quant_dot) on gfx94x"),
     ("qwen3_moe", "fp8_w8a8", "model.layers.2.mlp.experts.3.up_proj", "(routed expert: weights decoded in ops)"),

@@ -73,12 +73,14 @@ def layer_note(model_plan, name: str, lp) -> str | None:
     if ".experts." in name and model_plan.options.extra.get("moe", "routed") != "dense":
         return FLOAT_GEMM + " (routed expert: weights decoded in ops)"
     if scheme == "fp8-w8a8" and model_plan.ep.fp8_linear == "qdq":
-        if activation_mode(lp.spec) == "static":
+        # static: Q/DQ(x, s); dynamic (per tensor / per token): Q/DQ(x / s_dyn, unit) -> MatMul -> * s_dyn
+        # (ops/qdq.py fp8_dynamic_unit): both give dot(DQ(fp8, constant scale), DQ(weight)) -> quant_dot
+        if activation_mode(lp.spec) != "none":
             return "AMD: FP8 GEMM (fnuz quant_dot) on gfx94x; float GEMM on gfx950, gfx12 and older"
-        return FLOAT_GEMM + " (dynamic activation scale: no quant_dot)"
+        return FLOAT_GEMM + " (FP8 weight-only: the weight is dequantized)"
     if scheme == "int8-w8a8":
         static = lp.spec.input_tensors and not lp.spec.input_tensors[0].is_dynamic
-        return "AMD: int8 quant_dot" if static else FLOAT_GEMM + " (dynamic activation scale: no quant_dot)"
+        return "AMD: int8 quant_dot" if static else FLOAT_GEMM
     if scheme in ("mxfp4", "nvfp4", "mxfp4-fp8"):
         return FLOAT_GEMM + " (no MX FP4 GEMM: gfx950's needs float4e2m1 Q/DQ on both operands)"
     return FLOAT_GEMM
