@@ -75,6 +75,9 @@ def _simulate_graph(graph: onnx.GraphProto, consts: dict, dtypes: dict) -> int:
                 return False
             if dq.input[1] not in consts or (len(dq.input) > 2 and dq.input[2] and dq.input[2] not in consts):
                 return False
+            sc = consts[dq.input[1]]
+            if sc.ndim > 1 and sc.size > 1:  # is_valid_qparam: per-tensor or per-axis only (blocked: no quant_dot)
+                return False
             src = back(dq.input[0], set())
             t = dtypes.get(dq.input[0])
             if t is None and src is not None and src.op_type == "QuantizeLinear":

@@ -22,6 +22,7 @@ should). Pairs feeding a quantizable dot are left as they are: their quantizatio
 """
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -29,6 +30,10 @@ SKIP_TO_Q = ("Reshape", "Slice", "Pad")                   # remove_qdq_pairs' sk
 SKIP_AFTER_DQ = ("Expand", "Transpose", "Reshape", "Cast")  # skip_post_dq_ops, ONNX names
 QUANT_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ,
                          onnx.TensorProto.FLOAT8E5M2, onnx.TensorProto.FLOAT8E5M2FNUZ})
+
+
+def _const_types(initializers) -> dict[str, tuple[int, tuple[int, ...]]]:
+    return {t.name: (t.data_type, tuple(t.dims)) for t in initializers}
 
 
 def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
@@ -43,12 +48,12 @@ def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
 
 def _walk(nodes, consts: dict[str, int], counter: list[int], outputs: set[str]) -> list[onnx.NodeProto]:
     """Rewrite one graph's node list (returned, with the new Add nodes placed before their QuantizeLinear);
-    consts maps constant names (initializers, Constant outputs, outer scopes) to their element type; outputs are
+    consts maps constant names (initializers, Constant outputs, outer scopes) to (element type, dims); outputs are
     the graph's output names (a DequantizeLinear returned by the graph is a use the GPU rewrites too)."""
     consts = dict(consts)
     for n in nodes:
         if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR:
-            consts[n.output[0]] = n.attribute[0].t.data_type
+            consts[n.output[0]] = (n.attribute[0].t.data_type, tuple(n.attribute[0].t.dims))
     producer = {o: n for n in nodes for o in n.output}
     users: dict[str, list[onnx.NodeProto]] = {}
     for n in nodes:
@@ -63,18 +68,21 @@ def _walk(nodes, consts: dict[str, int], counter: list[int], outputs: set[str]) 
 
     def quantized_type(name: str) -> int | None:
         if name in consts:
-            return consts[name]
+            return consts[name][0]
         q = producer.get(name)
         if q is None or q.op_type != "QuantizeLinear":
             return None
         if len(q.input) > 2 and q.input[2] in consts:
-            return consts[q.input[2]]
+            return consts[q.input[2]][0]
         return next((a.i for a in q.attribute if a.name == "output_dtype"), onnx.TensorProto.UINT8)
 
     def dot_takes(matmul: onnx.NodeProto) -> bool:
         for x in matmul.input[:2]:
             dq = back(x, SKIP_AFTER_DQ)
             if dq is None or dq.op_type != "DequantizeLinear" or dq.input[1] not in consts:
+                return False
+            dims = consts[dq.input[1]][1]
+            if len(dims) > 1 and int(np.prod(dims)) > 1:  # blocked: apply() returns unless per-tensor/per-axis
                 return False
             if len(dq.input) > 2 and dq.input[2] and dq.input[2] not in consts:
                 return False
@@ -112,7 +120,7 @@ def _walk(nodes, consts: dict[str, int], counter: list[int], outputs: set[str]) 
     for n in nodes:
         for a in n.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
-                sub = _walk(list(a.g.node), consts | {t.name: t.data_type for t in a.g.initializer}, counter,
+                sub = _walk(list(a.g.node), consts | _const_types(a.g.initializer), counter,
                             {o.name for o in a.g.output})
                 del a.g.node[:]
                 a.g.node.extend(sub)
@@ -129,7 +137,7 @@ def _walk(nodes, consts: dict[str, int], counter: list[int], outputs: set[str]) 
 
 def keep_fake_quant(graph) -> int:
     """Rewrite graph.nodes (a builder.graph.GraphBuilder) in place; returns how many QuantizeLinear were rewritten."""
-    consts = {t.name: t.data_type for t in graph.initializers}
+    consts = _const_types(graph.initializers)
     counter = [0]
     graph.nodes[:] = _walk(list(graph.nodes), consts, counter, {o.name for o in graph.outputs})
     if counter[0]:
@@ -143,7 +151,7 @@ def count_dropped(graph: onnx.GraphProto) -> int:
     g = onnx.GraphProto()
     g.CopyFrom(graph)
     del g.initializer[:]  # their element types are all the walk needs
-    consts = {t.name: t.data_type for t in graph.initializer}
+    consts = _const_types(graph.initializer)
     counter = [0]
     _walk(list(g.node), consts, counter, {o.name for o in g.output})
     return counter[0]
