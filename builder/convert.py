@@ -365,6 +365,9 @@ def _write_output(plan: ModelPlan, ckpt: Checkpoint, graph: GraphBuilder, tmp: P
                   validate: bool, progress_bar: bool = False) -> None:
     ctx = EmitContext(graph, ckpt, plan.ep, plan.io, plan.options, plan.quant, notes=plan.notes)
     _emit_with_progress(ctx, plan, log, ProgressBar(len(plan.linears), graph.bytes_reserved) if progress_bar else None)
+    if plan.ep.keep_fake_quant:
+        from .ops.keep_fake_quant import keep_fake_quant
+        keep_fake_quant(graph)
     t1 = time.perf_counter()
     graph.finish(tmp / "model.onnx", metadata={"quark_onnx.ep": plan.ep.name, "quark_onnx.io": plan.io,
                                                ACCURACY_LEVEL_KEY: accuracy_levels(graph.nodes)})
@@ -441,7 +444,9 @@ def describe_plan(plan: ModelPlan) -> str:
     for name, lp in plan.linears.items():
         spec = lp.spec.short() if lp.spec else "float"
         bias = " +bias" if lp.has_bias else ""
-        lines.append(f"  {name:<{width}}  {spec}  ->  {lp.scheme.describe(lp, plan.ep)}{bias}")
+        extra = plan.ep.layer_note(plan, name, lp) if plan.ep.layer_note is not None else None
+        lines.append(f"  {name:<{width}}  {spec}  ->  {lp.scheme.describe(lp, plan.ep)}{bias}"
+                     + (f"  [{extra}]" if extra else ""))
     for note in plan.notes:
         lines.append(f"note: {note}")
     for warning in plan.warnings:

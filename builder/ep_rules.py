@@ -545,7 +545,19 @@ MIGRAPHX_RULES = COMMON_RULES + MIGRAPHX_PARSER_RULES + (
     Rule("migraphx-supported-op", WARNING, _mgx_supported, "MGX_PARSERS operators(); ORT_MGX_EP IsNodeSupported"),
     Rule("migraphx-op-needs-rocm-7.2", WARNING, _mgx_old_rocm, "ORT_MGX_EP GetUnsupportedNodeIndices"),
 )
+def _mgx_gpu_drops_fake_quant(view, findings):
+    from .ops.keep_fake_quant import count_dropped
+    n = count_dropped(view.model.graph)
+    if n:
+        return (f"{n} QuantizeLinear -> DequantizeLinear pair(s) with one scale feed no quantizable MatMul: MIGraphX's "
+                "GPU pipeline drops them (simplify_qdq remove_qdq_pairs), so that fake quantization is not computed "
+                "on an AMD GPU (the ref target keeps it); this converter writes them as Q(x + x, s + s)")
+    return None
+
+
 MIGRAPHX_MODEL_RULES = (
     ModelRule("migraphx-parser-graph-types", ERROR, _mgx_graph_types, "MGX_TYPES get_type, parse_tensor_shape"),
     ModelRule("migraphx-cpu-fallback", WARNING, _mgx_cpu_fallback, "ORT_MGX_EP GetCapability"),
+    ModelRule("migraphx-gpu-drops-fake-quant", WARNING, _mgx_gpu_drops_fake_quant,
+              "MGX src/simplify_qdq.cpp remove_qdq_pairs, src/targets/gpu/target.cpp"),
 )

@@ -5,6 +5,11 @@
 Bound: fp32 on both sides, only summation order and transcendental implementations differ; issue 9 measured
 MatMulNBits 6e-7 and GroupQueryAttention 5e-7 on one-node graphs; whole tiny models measured 3.6e-7..2.6e-6
 (MIGraphX f729a52, docs/execution_providers.md).
+
+The tiny set covers every MoE family x expert scheme of docs/moe.md's table (routed standard-op form: the 8-token
+prompt takes the If's every-expert branch, each decoded token the routed Gather branch) and gpt-oss's explicit sink
+attention, each built for -e rocm and -e migraphx, and decodes as onnxruntime-genai does: several tokens, each
+runtime fed back its own KV cache.
 """
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ CACHE = Path(os.environ.get("MIGRAPHX_REF_CACHE", Path.home() / ".cache" / "quar
 TOL = 1e-5
 # -e rocm conversions the builder refuses before writing anything (tests/test_gpt_oss.py, tests/test_qwen3_moe.py)
 # (gpt-oss converts for rocm since its sinks moved to an explicit attention subgraph: builder/ops/sink_attention.py)
-EXPECTED_REFUSALS = {"qwen3_moe ptpc_fp8": "dynamic per-channel (PTPC) activations on MoE experts"}
+EXPECTED_REFUSALS = {"qwen3_moe ptpc_fp8": "dynamic per-channel (PTPC) activations on MoE experts",
+                     "qwen3_moe ptpc_fp8 [migraphx]": "dynamic per-channel (PTPC) activations on MoE experts"}
 
 
 def migraphx_lib() -> Path | None:
@@ -32,17 +38,33 @@ def migraphx_lib() -> Path | None:
     return built[-1].parent / "build" / "lib" if built else None
 
 
-def test_rocm_outputs_match_ort_cpu_on_migraphx_ref(tmp_path):
+def _lib_or_skip() -> Path:
     lib = migraphx_lib()
     if lib is None or not any(lib.glob("migraphx*.so")):
         pytest.skip(f"no MIGraphX build (run tools/migraphx_ref.sh MIGRAPHX_GIT_DIR; looked in {CACHE} and "
                     "MIGRAPHX_REF_LIB)")
+    return lib
+
+
+def _run_tool(lib: Path, tool: str, args: list[str], timeout: int) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(lib), str(REPO), os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, str(REPO / "tools" / "migraphx_ref_compare.py"), "--tiny", "--json",
-                        str(tmp_path / "report.json")], env=env, capture_output=True, text=True, timeout=1800)
+    return subprocess.run([sys.executable, str(REPO / "tools" / tool), *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.heavy
+def test_rocm_outputs_match_ort_cpu_on_migraphx_ref(tmp_path):
+    lib = _lib_or_skip()
+    r = _run_tool(lib, "migraphx_ref_compare.py", ["--tiny", "--eps", "rocm,migraphx", "--json",
+                                                   str(tmp_path / "report.json")], timeout=3600)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads((tmp_path / "report.json").read_text())
-    assert len(rows) >= 20
+    sys.path.insert(0, str(REPO / "tools"))
+    from migraphx_ref_compare import DECODE_STEPS, MOE_TABLE
+    names = {row["name"] for row in rows}
+    for family, schemes in MOE_TABLE.items():  # every cell of the MoE table, for both EPs
+        for scheme in schemes:
+            assert {f"{family} {scheme}", f"{family} {scheme} [migraphx]"} <= names, (family, scheme)
     refused = {row["name"]: row["refused"] for row in rows if "refused" in row}
     assert set(refused) == set(EXPECTED_REFUSALS), refused
     for name, reason in EXPECTED_REFUSALS.items():
@@ -51,8 +73,25 @@ def test_rocm_outputs_match_ort_cpu_on_migraphx_ref(tmp_path):
         if "refused" in row:
             continue
         assert row["parses"] is True, (row["name"], row["prompt"])
+        assert len(row["decode_steps"]) == DECODE_STEPS, (row["name"], row["decode"])
         for case in ("prompt", "decode"):
             assert isinstance(row[case], float) and row[case] < TOL, (row["name"], case, row[case])
+
+
+@pytest.mark.heavy
+def test_gpt_oss_decodes_on_migraphx_ref_with_its_own_cache(tmp_path):
+    """gpt-oss's explicit sink attention (sliding window 4 on layer 0) over a prompt and 6 decoded tokens, each
+    runtime fed back its own growing cache: every step within TOL of ORT CPU."""
+    lib = _lib_or_skip()
+    r = _run_tool(lib, "migraphx_ref_compare.py",
+                  ["--tiny", "--recipes", "", "--families", "gpt_oss:uint4_g32,gpt_oss:mxfp4,gpt_oss_yarn:mxfp4",
+                   "--decode-steps", "6", "--json", str(tmp_path / "report.json")], timeout=1800)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads((tmp_path / "report.json").read_text())
+    assert [row["name"] for row in rows] == ["gpt_oss uint4_g32", "gpt_oss mxfp4", "gpt_oss_yarn mxfp4"]
+    for row in rows:
+        assert row["share_buffer"] is False and len(row["decode_steps"]) == 6, row
+        assert row["prompt"] < TOL and max(row["decode_steps"]) < TOL, row
 
 
 def test_build_script_keys_its_cache_by_commit_and_refuses_a_non_repository(tmp_path):
@@ -76,7 +115,7 @@ def test_build_script_keys_its_cache_by_commit_and_refuses_a_non_repository(tmp_
     assert bad.returncode == 2 and "not a git repository" in bad.stderr
 
 
-QUARK_EXPORTS = [("llama_h64", "uint4_g64"), ("llama_h64", "fp8_w8a8_kv_attn")]
+QUARK_EXPORTS = [("llama_h64", "uint4_g64"), ("llama_h64", "fp8_w8a8_kv_attn"), ("gpt_oss", "uint4_g32")]
 
 
 @pytest.mark.parametrize("recipe,shared", [("uint4_g64", True), ("fp8_w8a8_kv_attn", False)])
@@ -105,3 +144,90 @@ def test_compare_feeds_the_cache_as_genai_does(quark_exports, tmp_path, recipe, 
     if shared:
         for case in (0, 1):
             np.testing.assert_array_equal(logits[True][case], logits[False][case])
+
+
+class _OrtAsMigraphx:
+    """A stand-in `migraphx` module that runs the graph on ORT CPU (basic optimizations, as the compare's own ORT
+    side): the compare must then see no difference. With forget_cache it zeroes every past_key_values feed, the way a
+    runtime that ignored the cache it was fed would compute."""
+
+    def __init__(self, forget_cache: bool):
+        self.forget_cache = forget_cache
+
+    def parse_onnx(self, path, map_input_dims=None):
+        outer = self
+
+        class Prog:
+            def compile(self, _target):
+                pass
+
+            def run(self, feeds):
+                import numpy as np
+                import onnxruntime as ort
+                so = ort.SessionOptions()
+                so.log_severity_level = 3
+                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+                sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+                feeds = {k: (np.zeros_like(v) if outer.forget_cache and k.startswith("past_key_values") else v)
+                         for k, v in feeds.items()}
+                return sess.run(None, feeds)
+        return Prog()
+
+    def get_target(self, _name):
+        return None
+
+    def argument(self, array):
+        return array
+
+
+@pytest.mark.parametrize("shape,recipe", [("llama_h64", "uint4_g64"), ("gpt_oss", "uint4_g32")])
+def test_compare_feeds_each_runtime_its_own_cache(quark_exports, tmp_path, monkeypatch, shape, recipe):
+    """No MIGraphX needed: the og-style loop (prompt, then decode steps on each runtime's own present KV) gives 0.0
+    for a runtime that computes as ORT does, and sees a runtime that drops its cache in every decode step."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import migraphx_ref_compare
+    from onnx_helpers import build
+    export = quark_exports(shape, recipe)
+    out = build(export, tmp_path / "onnx", "rocm", "fp32")
+    ids = __import__("numpy").load(export / "reference.npz")["input_ids"]
+    monkeypatch.setitem(sys.modules, "migraphx", _OrtAsMigraphx(forget_cache=False))
+    row = migraphx_ref_compare.compare(out, ids, decode_steps=3)
+    assert row["parses"] is True and row["prompt"] == 0.0 and row["decode_steps"] == [0.0, 0.0, 0.0], row
+    monkeypatch.setitem(sys.modules, "migraphx", _OrtAsMigraphx(forget_cache=True))
+    row = migraphx_ref_compare.compare(out, ids, decode_steps=3)
+    assert row["prompt"] == 0.0 and len(row["decode_steps"]) == 3 and min(row["decode_steps"]) > 1e-3, row
+
+
+def test_gfx950_probe_references_agree_with_ort_where_ort_runs():
+    """No MIGraphX needed: tools/migraphx_gfx950_probe.py's numpy references are right where ORT CPU can run the
+    graph (float8e4m3fn Q/DQ), and its e2m1 rounding equals ml_dtypes' float4_e2m1fn cast."""
+    import ml_dtypes
+    import numpy as np
+    import onnxruntime as ort
+    sys.path.insert(0, str(REPO / "tools"))
+    from migraphx_gfx950_probe import e2m1_round, probes
+    v = np.concatenate([np.linspace(-8, 8, 20001, dtype=np.float32),
+                        np.array([.25, .75, 1.25, 1.75, 2.5, 3.5, 5, -5, -.25], np.float32)])
+    np.testing.assert_array_equal(e2m1_round(v), v.astype(ml_dtypes.float4_e2m1fn).astype(np.float32))
+    model, x, expect = probes(np.random.default_rng(0))["fp8_ocp_qdq"]
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    y = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, expect, rtol=1e-6, atol=1e-5)
+
+
+def test_gfx950_forms_on_migraphx_ref(tmp_path):
+    """What docs/amd_generations.md expects from MIGraphX's source (f729a52): float8e4m3fn refused by the parser
+    (onnx_parser.cpp get_type), a float4e2m1 initializer not computed right (parse_tensor_shape halves INT4/UINT4
+    only), QuantizeLinear to float4e2m1 + blocked DequantizeLinear on one or both MatMul operands (the MX quant_dot
+    pattern of simplify_qdq) computed as numpy's e2m1 decoding. A MIGraphX that reads float8e4m3fn fails the first
+    assertion: then an amd_arch=gfx950 OCP-FP8 form becomes possible."""
+    lib = _lib_or_skip()
+    r = _run_tool(lib, "migraphx_gfx950_probe.py", ["--json", str(tmp_path / "probe.json")], timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads((tmp_path / "probe.json").read_text())
+    assert not rows["fp8_ocp_qdq"]["ok"] and "data type 17 not supported" in rows["fp8_ocp_qdq"]["error"], rows
+    init = rows["fp4_initializer"]
+    assert not init["ok"] or init["max_abs_diff"] > 1e-3 * init["scale"], init
+    for name in ("fp4_q_act", "mx_dot"):
+        assert rows[name]["ok"] and rows[name]["max_abs_diff"] <= 1e-5 * rows[name]["scale"], (name, rows[name])

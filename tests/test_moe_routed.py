@@ -128,3 +128,25 @@ def test_every_expert_branch_in_chunks(exports, tmp_path, monkeypatch, shape, re
     assert sum(n.op_type == "ReduceSum" and n.name.endswith("/SumExperts") for n in else_g.node) == -(-experts // 3)
     diff = float(np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max())
     assert diff <= LOGIT_TOL, diff
+
+
+def test_every_expert_branch_indices_are_not_provably_constant(exports, tmp_path):
+    """MIGraphX's simplify_algebra replaces Mul(x, literal 0) by the literal (src/simplify_algebra.cpp find_zero_ops,
+    f729a52) and find_unit_ops drops + 0, after which the every-expert branch's Gather indices would be constant and
+    propagate_constant would fold the decoded experts into fp32 literals. The indices must reach the Gathers through
+    an op with a run-time operand that is neither Mul nor Div by a zero constant."""
+    out = _build(exports[("mixtral", "mxfp4")], tmp_path / "onnx", "migraphx")
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    zeros = {t.name for t in model.graph.initializer if t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.FLOAT)
+             and not t.external_data and not onnx.numpy_helper.to_array(t).any()}
+    node = next(n for n in model.graph.node if n.op_type == "If")
+    else_g = next(a.g for a in node.attribute if a.name == "else_branch")
+    nodes = list(model.graph.node) + list(else_g.node)
+    producer = {o: n for n in nodes for o in n.output}
+    experts = [n for n in else_g.node if n.name.endswith("/Experts")]
+    assert experts
+    for n in experts:
+        zero = producer[next(i for i in n.input if i in producer)]
+        assert zero.name.endswith("/RunTimeZero"), zero.name
+        assert not (zero.op_type in ("Mul", "Div") and any(i in zeros for i in zero.input)), zero
+        assert any(producer.get(i) is not None and producer[i].op_type == "ReduceMin" for i in zero.input)

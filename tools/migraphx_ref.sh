@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build MIGraphX's ONNX parser + CPU `ref` target (no GPU) from a local MIGraphX git repository, then run every
-# `-e rocm` output of the tiny test models through migraphx.parse_onnx + ref and compare with ONNX Runtime CPU
-# (tools/migraphx_ref_compare.py). 393 compile steps (clang, -O0, no TF parser); on a shared 2-core machine about
-# 7-18 steps a minute at nice 19 (Dec 2026).
+# `-e rocm` / `-e migraphx` output of the tiny test models through migraphx.parse_onnx + ref and compare with ONNX
+# Runtime CPU (tools/migraphx_ref_compare.py). 393 compile steps (clang, -O0, no TF parser); on a shared 2-core
+# machine about 7-18 steps a minute at nice 19 while the load average stays near the core count, about 1-2 a minute
+# when other jobs keep it at 13-16 (Dec 2026). A rerun resumes where an interrupted build stopped.
 #
 #   tools/migraphx_ref.sh MIGRAPHX_GIT_DIR [--rocm-cmake ROCM_CMAKE_GIT_DIR] [-j N] [--mem-gb N]
 #                         [--install-deps] [--build-only] [--dry-run] [-- COMPARE_ARGS...]
@@ -14,7 +15,8 @@
 # --mem-gb N        address-space cap per build process (default 4)
 # --install-deps    apt-get install the Debian packages below (otherwise a missing one is an error)
 # --build-only      stop after the build;  --dry-run: print what would be done and exit
-# Everything after `--` goes to tools/migraphx_ref_compare.py (default: --tiny --json <cache>/report.json).
+# Everything after `--` goes to tools/migraphx_ref_compare.py (default: --tiny --eps rocm,migraphx --json
+# <cache>/report.json).
 #
 # Cache: ${MIGRAPHX_REF_CACHE:-$HOME/.cache/quark-onnx-builder/migraphx}/<MIGraphX commit>/ holding src/, build/,
 # rocm-cmake/ and `built` (written last, so a half-finished build is never taken for a finished one). The tests
@@ -69,7 +71,7 @@ if [ "$DRY" = 1 ]; then
   [ -n "$ROCM_CMAKE_GIT" ] && echo "would: build rocm-cmake $(git -C "$ROCM_CMAKE_GIT" rev-parse HEAD) into $CACHE/rocm-cmake"
   echo "would: cmake ${CMAKE_FLAGS[*]} -S $CACHE/src -B $CACHE/build"
   echo "would: ulimit -v $((MEM_GB * 1024 * 1024)); nice -n 19 ninja -j$JOBS ${TARGETS[*]}"
-  echo "would: PYTHONPATH=$CACHE/build/lib python tools/migraphx_ref_compare.py ${COMPARE[*]:---tiny --json $CACHE/report.json}"
+  echo "would: PYTHONPATH=$CACHE/build/lib python tools/migraphx_ref_compare.py ${COMPARE[*]:---tiny --eps rocm,migraphx --json $CACHE/report.json}"
   exit 0
 fi
 
@@ -122,7 +124,7 @@ PYEOF
 fi
 [ "$BUILD_ONLY" = 1 ] && { echo "built: $CACHE/build/lib"; exit 0; }
 
-[ ${#COMPARE[@]} -gt 0 ] || COMPARE=(--tiny --json "$CACHE/report.json")
+[ ${#COMPARE[@]} -gt 0 ] || COMPARE=(--tiny --eps rocm,migraphx --json "$CACHE/report.json")
 PY=${PYTHON:-python}
 cd "$REPO"
 PYTHONPATH="$CACHE/build/lib:$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PY" tools/migraphx_ref_compare.py "${COMPARE[@]}"

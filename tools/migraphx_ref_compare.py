@@ -4,10 +4,15 @@
     python tools/migraphx_ref_compare.py --tiny [--json OUT]   # every scheme's tiny export (tests/quark_factory.py)
 
 Needs the `migraphx` Python module (tools/migraphx_ref.sh builds it and puts it on PYTHONPATH). Each model is run
-twice with identical inputs on both runtimes:
+as onnxruntime-genai runs it, on both runtimes side by side:
   prompt  input_ids [1, S] with an empty KV cache (past length 0)
-  decode  one new token on the KV cache ORT CPU produced for the first S - 1 tokens (past length S - 1)
-and the max |logit difference| is printed as a table row (a parse or compile error is reported in its place).
+  decode  --decode-steps tokens, one at a time, each runtime fed back ITS OWN present KV as the next step's past
+          (past lengths S, S + 1, ...); both get the same token, ORT CPU's greedy choice
+and the max |logit difference| (prompt; worst decode step) is printed as a table row (a parse or compile error is
+reported in its place). MIGraphX compiles per input shape (the MIGraphX EP does the same), so each step is parsed
+and compiled again with that step's shapes.
+--eps rocm,migraphx converts each export for both EPs; where the two graphs are byte-identical the second row
+repeats the first's figures (`same_graph_as`).
 ORT CPU runs at graph optimization level basic, so its DQ(int8) -> MatMul -> MatMulNBits fusion (accuracy_level 4)
 does not quantize activations (ort_facts.md); MIGraphX computes the same graph in fp32.
 Output order: MIGraphX's parser returns the graph outputs in graph.output order (onnx_parser.cpp parse_graph,
@@ -16,6 +21,7 @@ Output order: MIGraphX's parser returns the graph outputs in graph.output order 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import tempfile
@@ -80,41 +86,81 @@ class MigraphxError(Exception):
         self.stage = stage
 
 
-def compare(model_dir: Path, ids: np.ndarray) -> dict:
+DECODE_STEPS = 3
+
+
+def compare(model_dir: Path, ids: np.ndarray, decode_steps: int = DECODE_STEPS) -> dict:
     model = model_dir / "model.onnx"
     genai = json.loads((model_dir / "genai_config.json").read_text())
     shared = bool(genai["search"].get("past_present_share_buffer", False))
+    if shared and ids.shape[1] + decode_steps > BUFFER:
+        raise ValueError(f"{ids.shape[1]} + {decode_steps} tokens do not fit the {BUFFER}-row shared buffer")
     sess = _ort_session(model)
     names = [o.name for o in sess.get_outputs()]
-    row = {"model": str(model_dir), "share_buffer": shared, "parses": None}
-    # decode: KV cache of the first S - 1 tokens from ORT, then one token on both runtimes
-    head = dict(zip(names, sess.run(None, _feeds(ids[:, :-1], _empty_past(sess, shared), 0))))
-    past = {n.replace("present", "past_key_values"): v for n, v in head.items() if n.startswith("present")}
-    cases = {"prompt": _feeds(ids, _empty_past(sess, shared), 0),
-             "decode": _feeds(ids[:, -1:], past, ids.shape[1] - 1)}
-    for case, feeds in cases.items():
-        ort_logits = sess.run(["logits"], feeds)[0].astype(np.float32)
+    row = {"model": str(model_dir), "share_buffer": shared, "parses": None, "decode_steps": []}
+
+    def presents(out: dict) -> dict:
+        return {n.replace("present", "past_key_values"): v for n, v in out.items() if n.startswith("present")}
+
+    ort_feeds = mgx_feeds = _feeds(ids, _empty_past(sess, shared), 0)
+    past_len, tok = 0, ids
+    for step in range(decode_steps + 1):
+        ort_out = dict(zip(names, sess.run(None, ort_feeds)))
         try:
-            mgx = _migraphx_run(model, feeds, names)
-            row[case] = float(np.abs(mgx["logits"].astype(np.float32) - ort_logits).max())
-            row["parses"] = True
+            mgx_out = _migraphx_run(model, mgx_feeds, names)
         except MigraphxError as e:
-            row[case] = f"{e.stage} error: {str(e).split(': ', 1)[1].strip().splitlines()[0][:300]}"
+            msg = f"{e.stage} error: {str(e).split(': ', 1)[1].strip().splitlines()[0][:300]}"
             row["parses"] = row["parses"] or e.stage != "parse"
+            row["prompt" if step == 0 else "decode"] = msg
+            if step == 0:
+                row["decode"] = msg
+            break
+        row["parses"] = True
+        diff = float(np.abs(mgx_out["logits"].astype(np.float32)
+                            - ort_out["logits"].astype(np.float32)).max())
+        if step == 0:
+            row["prompt"] = diff
+        else:
+            row["decode_steps"].append(diff)
+            row["decode"] = max(row["decode_steps"])
+        past_len += tok.shape[1]
+        tok = np.array([[int(ort_out["logits"][0, -1].argmax())]], np.int64)
+        ort_feeds = _feeds(tok, presents(ort_out), past_len)
+        mgx_feeds = _feeds(tok, {k: v.astype(ort_feeds[k].dtype) for k, v in presents(mgx_out).items()}, past_len)
+    row.setdefault("decode", "-")  # --decode-steps 0
     return row
 
 
-# (shape, recipe) beyond the llama_h64 recipes: one export per MoE / MLA family already made by the family tests
-FAMILY_CASES = (("mixtral", "uint4_g32"), ("mixtral", "mxfp4"), ("mixtral", "fp8_w8a8"),
-                ("qwen3_moe", "mxfp4"), ("qwen3_moe", "fp8_w8a8_kv"), ("qwen3_moe", "ptpc_fp8"),
-                ("qwen2_moe", "mxfp4"),
-                ("deepseek_v3", "uint4_g32"), ("deepseek_v3", "fp8_w8a8_kv"), ("deepseek_v3", "mxfp4_attn_kv"),
-                ("gpt_oss", "uint4_g32"), ("gpt_oss", "mxfp4"))
+def _graph_digest(folder: Path) -> str:
+    """The model's graph and external data, without its metadata_props (which name the EP) and genai_config.json."""
+    import onnx
+    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    del model.metadata_props[:]
+    h = hashlib.sha256(model.SerializeToString(deterministic=True))
+    for f in sorted(folder.glob("*.data")):
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
-def tiny_models(work: Path, cases) -> list[tuple[str, Path | str, np.ndarray | None]]:
-    """Convert each (shape, recipe) tiny export (made or reused through tests/quark_factory.py) with -e rocm -p fp32;
-    a conversion the builder refuses is returned as its message instead of a folder."""
+# (shape, recipe) beyond the llama_h64 recipes: every MoE family x expert scheme of docs/moe.md's table (routed
+# standard-op form; the 8-token prompt takes its every-expert If branch, since 8 > E/k, and each decoded token the
+# routed Gather branch), plus the KV-cache / attention variants the family tests make. gpt-oss: the explicit sink
+# attention subgraph (builder/ops/sink_attention.py) with a growing cache.
+MOE_TABLE = {"qwen3_moe": ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8"),
+             "qwen2_moe": ("uint4_g32", "mxfp4", "fp8_w8a8"),
+             "mixtral": ("uint4_g32", "int4_per_channel", "mxfp4", "fp8_w8a8"),
+             "gpt_oss": ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8"),
+             "deepseek_v3": ("uint4_g32", "mxfp4")}
+FAMILY_CASES = tuple((f, r) for f, rs in MOE_TABLE.items() for r in rs) + (
+    ("qwen3_moe", "fp8_w8a8_kv"), ("qwen3_moe", "ptpc_fp8"), ("deepseek_v3", "fp8_w8a8_kv"),
+    ("deepseek_v3", "mxfp4_attn_kv"), ("gpt_oss_yarn", "mxfp4"))
+
+
+def tiny_models(work: Path, cases, eps=("rocm",), extra: tuple[str, ...] = ()
+                ) -> list[tuple[str, Path | str, np.ndarray | None]]:
+    """Convert each (shape, recipe) tiny export (made or reused through tests/quark_factory.py) with -e EP -p fp32
+    (and these --extra_options); a conversion the builder refuses is returned as its message instead of a folder.
+    Rows are named as before for -e rocm ("recipe" for llama_h64, "shape recipe" otherwise), "... [EP]" else."""
     sys.path.insert(0, str(REPO / "tests"))
     sys.path.insert(0, str(REPO))
     from conftest import fixture_cache_dir
@@ -122,17 +168,21 @@ def tiny_models(work: Path, cases) -> list[tuple[str, Path | str, np.ndarray | N
 
     from builder.convert import convert
     from builder.errors import ConversionError
+    from builder.options import parse_extra_options
     items = [(SHAPES[shape], RECIPES[recipe]) for shape, recipe in cases]
     out = []
     for (shape, recipe), export in zip(cases, ensure_exports(fixture_cache_dir(), items)):
-        name = recipe if shape == "llama_h64" else f"{shape} {recipe}"
-        dest = work / f"{shape}-{recipe}"
-        try:
-            convert(export / "quark", dest, "rocm", "fp32", log=lambda _m: None)
-        except ConversionError as e:
-            out.append((name, f"refused by -e rocm: {str(e).splitlines()[0][:300]}", None))
-            continue
-        out.append((name, dest, np.load(export / "reference.npz")["input_ids"]))
+        for ep in eps:
+            name = recipe if shape == "llama_h64" else f"{shape} {recipe}"
+            name += "" if ep == "rocm" else f" [{ep}]"
+            dest = work / f"{shape}-{recipe}-{ep}"
+            try:
+                convert(export / "quark", dest, ep, "fp32", parse_extra_options(list(extra)) if extra else None,
+                        log=lambda _m: None, warn=lambda _m: None)
+            except ConversionError as e:
+                out.append((name, f"refused by -e {ep}: {str(e).splitlines()[0][:300]}", None))
+                continue
+            out.append((name, dest, np.load(export / "reference.npz")["input_ids"]))
     return out
 
 
@@ -147,6 +197,10 @@ def main(argv=None) -> int:
     ap.add_argument("--recipes", default=",".join(TINY_RECIPES), help="llama_h64 recipes for --tiny")
     ap.add_argument("--families", default=",".join(f"{s}:{r}" for s, r in FAMILY_CASES),
                     help="shape:recipe pairs for --tiny beyond llama_h64 ('' for none)")
+    ap.add_argument("--eps", default="rocm", help="EPs to convert for with --tiny (rocm,migraphx)")
+    ap.add_argument("--extra_options", nargs="*", default=[], help="KEY=VALUE conversion options for --tiny")
+    ap.add_argument("--decode-steps", type=int, default=DECODE_STEPS,
+                    help="decoded tokens after the prompt, each runtime fed back its own KV cache")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     try:
@@ -159,19 +213,29 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cases = [("llama_h64", r) for r in args.recipes.split(",") if r]
         cases += [tuple(c.split(":", 1)) for c in args.families.split(",") if c]
-        models = tiny_models(Path(tmp), cases) if args.tiny else []
+        models = tiny_models(Path(tmp), cases, tuple(args.eps.split(",")), tuple(args.extra_options)) \
+            if args.tiny else []
         ids = np.array([[1, 5, 9, 13, 17, 21, 25, 29]], np.int64)
         models += [(p.name, p, ids) for p in args.models]
-        print("| model | parses | prompt max abs logit diff | decode max abs logit diff |\n|---|---|---|---|")
+        print(f"| model | parses | prompt max abs logit diff | decode ({args.decode_steps} steps, own cache) max abs "
+              "logit diff |\n|---|---|---|---|")
+        done: dict[str, dict] = {}  # graph digest -> its row
         for name, path, model_ids in models:
             if isinstance(path, str):  # refused by the builder
                 row = {"name": name, "refused": path, "parses": None, "prompt": path, "decode": path}
                 print(f"| {name} | - | {path} | |", flush=True)
+                rows.append(row)
+                continue
+            digest = _graph_digest(path)
+            if digest in done:
+                row = {**done[digest], "name": name, "model": str(path), "same_graph_as": done[digest]["name"]}
             else:
-                row = compare(path, model_ids)
+                row = compare(path, model_ids, args.decode_steps)
                 row["name"] = name
-                parses = {True: "yes", False: "no", None: "?"}[row["parses"]]
-                print(f"| {name} | {parses} | {_cell(row['prompt'])} | {_cell(row['decode'])} |", flush=True)
+                done[digest] = row
+            parses = {True: "yes", False: "no", None: "?"}[row["parses"]]
+            same = f" (graph = {row['same_graph_as']})" if "same_graph_as" in row else ""
+            print(f"| {name}{same} | {parses} | {_cell(row['prompt'])} | {_cell(row['decode'])} |", flush=True)
             rows.append(row)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -17,12 +17,14 @@ class EPConfig:
     accuracy_level_8bit: int = 0
     gqa_kv_quant: frozenset = frozenset()      # cache dtypes GroupQueryAttention quantizes natively ("fp8", "int8")
     gqa_head_sink: bool = True                 # GroupQueryAttention's head_sink input (attention sinks, gpt-oss)
+    keep_fake_quant: bool = False              # Q/DQ pairs rewritten so MIGraphX's GPU keeps them (ops/keep_fake_quant.py)
     fp8_linear: str = "qdq"                    # FP8 linears: qdq | dequantized_weight | matmul_block_fp8 | custom_op
     int8_linear: str = "qdq"                   # INT8 W8A8 linears: qdq | dequantized_weight (quant/int8_w8a8.py)
     fp4_linear: str = "matmul_nbits8"          # MXFP4/NVFP4: matmul_nbits8 | native | dq_fp8 | dq_int8 | dense (quant/mxfp4.py)
     fp8_format: str = "e4m3fn"                 # fp8 tensors: e4m3fn | e4m3fnuz (same bits, doubled scales: ops/fnuz.py)
     refused_forms: dict = field(default_factory=dict)  # {"fp8_linear": {form: why}, ...}: --extra_options refused
     plan_notes: object = None                  # callable(model_plan) -> [str]: what `inspect` adds for this EP
+    layer_note: object = None                  # callable(model_plan, name, linear_plan) -> str | None: per layer
     fp4_accuracy_level: int = 1                # MatMulNBits accuracy_level of the 8-bit FP4 re-encoding (docs/fp4.md)
     custom_ops_backend: str | None = None      # cpu | cuda | hip: which custom_ops library build applies
     notes: tuple[str, ...] = ()                # what `inspect` should tell the user about this EP

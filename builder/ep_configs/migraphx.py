@@ -57,6 +57,35 @@ def plan_notes(model_plan) -> list[str]:
     return notes
 
 
+# Per layer and AMD generation: where the GEMM runs natively (AMDMIGraphX f729a52, read from source, not run on a
+# GPU): src/simplify_qdq.cpp match_find_quantizable_ops makes quant_dot of dot(DQ(int8/fp8, constant scale),
+# DQ(int8/fp8, constant scale)) with per-tensor or per-axis scales; src/targets/gpu/eliminate_data_type_for_gpu.cpp
+# for_fp8fnuz computes fnuz dot/quant_dot in float where gfx_has_fp8fnuz_intrinsics() is false (device_name.cpp:
+# gfx94x only); the ONNX parser reads no float8e4m3fn (onnx_parser.cpp get_type), so no OCP-FP8 GEMM is reachable;
+# MX quant_dot (match_find_mx_quantizable_ops, gfx950 only) needs block-scaled DQ of float4e2m1 on both operands,
+# which these graphs do not hold (docs/amd_generations.md).
+FLOAT_GEMM = "AMD: io-dtype GEMM on every gfx"
+
+
+def layer_note(model_plan, name: str, lp) -> str | None:
+    from ..quant.fp8_w8a8 import activation_mode
+    scheme = lp.scheme.name
+    if ".experts." in name and model_plan.options.extra.get("moe", "routed") != "dense":
+        return FLOAT_GEMM + " (routed expert: weights decoded in ops)"
+    if scheme == "fp8-w8a8" and model_plan.ep.fp8_linear == "qdq":
+        # static: Q/DQ(x, s); dynamic (per tensor / per token): Q/DQ(x / s_dyn, unit) -> MatMul -> * s_dyn
+        # (ops/qdq.py fp8_dynamic_unit): both give dot(DQ(fp8, constant scale), DQ(weight)) -> quant_dot
+        if activation_mode(lp.spec) != "none":
+            return "AMD: FP8 GEMM (fnuz quant_dot) on gfx94x; float GEMM on gfx950, gfx12 and older"
+        return FLOAT_GEMM + " (FP8 weight-only: the weight is dequantized)"
+    if scheme == "int8-w8a8":
+        static = lp.spec.input_tensors and not lp.spec.input_tensors[0].is_dynamic
+        return "AMD: int8 quant_dot" if static else FLOAT_GEMM
+    if scheme in ("mxfp4", "nvfp4", "mxfp4-fp8"):
+        return FLOAT_GEMM + " (no MX FP4 GEMM: gfx950's needs float4e2m1 Q/DQ on both operands)"
+    return FLOAT_GEMM
+
+
 CONFIG = EPConfig(
     name="migraphx",
     default_precision="fp16",
@@ -67,12 +96,14 @@ CONFIG = EPConfig(
     matmul_nbits_bits=frozenset({4}),      # parse_matmulnbits.cpp: bits must be 4
     int_weight_dequantize_fallback=True,   # 8-bit weight-only: DequantizeLinear(int8) -> MatMul instead
     gqa_head_sink=False,                   # parse_group_query_attention.cpp reads inputs 0-10 (no head_sink)
+    keep_fake_quant=True,                  # simplify_qdq remove_qdq_pairs drops same-scale Q/DQ pairs on the GPU
     matmul_nbits_bias_input=False,         # parse_matmulnbits.cpp ignores inputs 4 (g_idx) and 5 (bias)
     fp8_linear="qdq",
     fp8_format="e4m3fnuz",                 # onnx_parser.cpp get_type: 18 is the only fp8 type it reads
     fp4_linear="dq_int8",
     refused_forms=REFUSED,
     plan_notes=plan_notes,
+    layer_note=layer_note,
     custom_ops_backend="hip",
     constraints=MIGRAPHX_RULES,
     model_constraints=MIGRAPHX_MODEL_RULES,

@@ -33,7 +33,8 @@ decode (T = 1) but T * k / E stacks for a prefill of T tokens; past T = E / k it
 MIGraphX reads If (AMDMIGraphX src/onnx/parse_if.cpp, commit f729a52: a condition it can evaluate at parse time,
 as one computed from static input shapes, inlines the chosen branch; otherwise an `if` op with both submodules,
 whose output shapes must agree: both are [T, H] here). The dense branch takes its expert indices from a run-time
-zero (Mul(ReduceMin(idx), 0) + range) so that no optimizer folds the decoded stack into an fp32 constant.
+zero (Min(ReduceMin(idx), 0) + range) so that no optimizer folds the decoded stack into an fp32 constant (MIGraphX
+rewrites Mul(x, 0) to the literal 0: simplify_algebra.cpp find_zero_ops).
 """
 from __future__ import annotations
 
@@ -384,7 +385,10 @@ def emit_routed_experts(ctx, x: str, routing: Routing, experts: list[tuple], act
     p = f"{prefix}/all_experts"
     widest = max(st.k * st.n for st in stacks)
     chunk = int(max(1, min(e_count, CHUNK_BYTES // (4 * widest))))
-    zero = g.op("Mul", [g.op("ReduceMin", [idx], f"{p}/IdxMin", keepdims=0),
+    # 0 at run time (TopK indices are >= 0) that no optimizer can prove to be 0: not Mul(., 0), which MIGraphX's
+    # simplify_algebra replaces by the literal (src/simplify_algebra.cpp find_zero_ops, commit f729a52), after which
+    # propagate_constant would fold every decoded expert into an fp32 literal of the GPU program
+    zero = g.op("Min", [g.op("ReduceMin", [idx], f"{p}/IdxMin", keepdims=0),
                         g.scalar(f"{name}.routed.zero_i64", 0, np.int64)], f"{p}/RunTimeZero")
     outs = []
     last_axis = g.const_i64(f"{name}.routed.last_axis", [-1])
