@@ -531,6 +531,14 @@ static QO_THREAD_LOCAL const qo_parallel_runner* tls_runner = NULL;
 
 void qo_cpu_set_parallel_runner(const qo_parallel_runner* runner) { tls_runner = runner; }
 
+int qo_cpu_parallel_for(qo_task_fn task, size_t total, void* data) {
+  const qo_parallel_runner* runner = tls_runner;
+  if (runner) return runner->run(runner->context, task, total, data) != QO_OK ? QO_ERR_DEVICE : QO_OK;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < (int64_t)total; ++t) task(data, (size_t)t);
+  return QO_OK;
+}
+
 static int run_gemm(const float* A, int64_t M, int64_t N, int64_t K, const qo_weight* w, const float* row_scale,
                     const float* col_scale, int64_t col_scale_count, float* Y) {
   fp8_value_table();

@@ -74,6 +74,14 @@ QO_API int qo_matmul_nvfp4_f32(const float* A, const uint8_t* B, const uint8_t* 
                                int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_nvfp4_f16(const uint16_t* A, const uint8_t* B, const uint8_t* B_scale, float B_scale_2,
                                uint16_t* Y, int64_t M, int64_t N, int64_t K);
+/* INT4 / UINT4 per group (qo_cpu_int4.c, which documents the layout and the summation order): B uint8
+ * [N, ceil(K/block), block/2] (MatMulNBits' layout, even k in the low nibble), scales float [N, ceil(K/block)],
+ * zero_points uint8 [N, ceil(ceil(K/block)/2)] packed uint4 or NULL (8); W = ((float)q - (float)z) * scale, rounded
+ * once (Quark's dequantization); block a power of two >= 16. */
+QO_API int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* scales, const uint8_t* zero_points,
+                              float* Y, int64_t M, int64_t N, int64_t K, int64_t block_size);
+QO_API int qo_matmul_int4_f16(const uint16_t* A, const uint8_t* B, const float* scales, const uint8_t* zero_points,
+                              uint16_t* Y, int64_t M, int64_t N, int64_t K, int64_t block_size);
 QO_API int qo_matmul_bf16_f32(const float* A, const uint16_t* B, float* Y, int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_t M, int64_t N, int64_t K);
 
@@ -87,6 +95,8 @@ typedef struct {
   void* context;
 } qo_parallel_runner;
 void qo_cpu_set_parallel_runner(const qo_parallel_runner* runner);
+/* task(data, i) for i in [0, total) through the runner set on this thread, else OpenMP (qo_cpu_kernels.c). */
+int qo_cpu_parallel_for(qo_task_fn task, size_t total, void* data);
 
 /* ---- GPU (CUDA or HIP, whichever the library was built for; all pointers are device pointers, `stream` is a
  * cudaStream_t / hipStream_t or NULL). A_scale is a device pointer to one float. The dyn variant needs a device

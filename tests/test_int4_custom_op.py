@@ -1,0 +1,130 @@
+"""com.quark_onnx MatMulUint4 / MatMulInt4 CPU kernel (custom_ops/src/qo_cpu_int4.c) against a numpy decoding of the
+format written here: W[n, k] = float32((q - z) * s), q the nibble k of row n (even k in the low nibble of byte k/2
+of MatMulNBits' [N, k_blocks, bs/2] layout), z the packed uint4 zero point of its block (8 when absent).
+
+Exactness of the decode: a one-hot activation row returns one weight value, bit for bit. Exactness of the sum: the
+float64 product bounds the float32 result. Bit identity: portable C, AVX2 and AVX-512 paths, M = 1 against M = 3 and
+128, 1 and 2 threads (a subprocess per thread count)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from custom_ops import native
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_case(rng, n, k, bs, asym):
+    """Random uint4 codes, scales, zero points; packed the MatMulNBits way, written out here (not the builder's)."""
+    k_blocks = -(-k // bs)
+    q = rng.integers(0, 16, size=(n, k_blocks * bs), dtype=np.uint8)
+    q[:, k:] = 0  # padding past K is zero nibbles
+    s = (rng.standard_normal((n, k_blocks)) * 0.02).astype(np.float32)
+    z = rng.integers(0, 16, size=(n, k_blocks), dtype=np.uint8) if asym else np.full((n, k_blocks), 8, np.uint8)
+    b = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8).reshape(n, k_blocks, bs // 2)
+    zp = None
+    if asym:
+        zpad = np.concatenate([z, np.zeros((n, k_blocks % 2), np.uint8)], axis=1)
+        zp = (zpad[:, 0::2] | (zpad[:, 1::2] << 4)).astype(np.uint8)
+    # Quark: (q - z) * s in float32 (an integer times the float32 scale, one rounding)
+    w = ((q[:, :k].astype(np.float32) - np.repeat(z, bs, axis=1)[:, :k].astype(np.float32))
+         * np.repeat(s, bs, axis=1)[:, :k])
+    return b, s, zp, w.astype(np.float32)
+
+
+def check_close(y, a, w):
+    exact = a.astype(np.float64) @ w.astype(np.float64).T
+    bound = (np.abs(a).astype(np.float64) @ np.abs(w).astype(np.float64).T) * (a.shape[-1] + 2) * 2.0 ** -24
+    assert np.all(np.abs(y.astype(np.float64) - exact) <= bound + 1e-30)
+
+
+@pytest.mark.parametrize("bs", [32, 64, 128])
+@pytest.mark.parametrize("asym", [True, False])
+@pytest.mark.parametrize("m", [1, 3, 128])
+def test_int4_matches_numpy(bs, asym, m):
+    rng = np.random.default_rng(bs * 7 + m + asym)
+    n, k = 37, 3 * bs + 40 if bs > 32 else 200  # K and N not multiples of any tile; K padded to the block
+    b, s, zp, w = make_case(rng, n, k, bs, asym)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    y = native.matmul_int4(a, b, s, zp, k, bs)
+    check_close(y, a, w)
+    # the portable C path gives the same bits
+    os.environ["QO_CPU_KERNELS"] = "portable"
+    try:
+        y_portable = native.matmul_int4(a, b, s, zp, k, bs)
+    finally:
+        del os.environ["QO_CPU_KERNELS"]
+    np.testing.assert_array_equal(y.view(np.uint32), y_portable.view(np.uint32))
+    os.environ["QO_CPU_KERNELS"] = "avx2"
+    try:
+        y_avx2 = native.matmul_int4(a, b, s, zp, k, bs)
+    finally:
+        del os.environ["QO_CPU_KERNELS"]
+    np.testing.assert_array_equal(y.view(np.uint32), y_avx2.view(np.uint32))
+    # a row's result does not depend on M (GEMV at M <= 4, tiles at M > 4)
+    y1 = native.matmul_int4(a[:1], b, s, zp, k, bs)
+    np.testing.assert_array_equal(y[:1].view(np.uint32), y1.view(np.uint32))
+
+
+@pytest.mark.parametrize("bs", [16, 32, 128])
+@pytest.mark.parametrize("asym", [True, False])
+def test_int4_decode_is_exact(bs, asym):
+    """A one-hot row k returns W[:, k] exactly: every decoded weight equals numpy's float32 (q - z) * s."""
+    rng = np.random.default_rng(bs + asym)
+    n, k = 19, 2 * bs + 16
+    b, s, zp, w = make_case(rng, n, k, bs, asym)
+    for path in ("", "portable", "avx2"):
+        if path:
+            os.environ["QO_CPU_KERNELS"] = path
+        try:
+            y = native.matmul_int4(np.eye(k, dtype=np.float32), b, s, zp, k, bs)  # M = K: the tiled path
+            y3 = native.matmul_int4(np.eye(k, dtype=np.float32)[:3], b, s, zp, k, bs)  # GEMV
+        finally:
+            os.environ.pop("QO_CPU_KERNELS", None)
+        w0 = w + np.float32(0)  # a sum of +0 lanes: -0 weights come back +0
+        np.testing.assert_array_equal(y.T.view(np.uint32), w0.view(np.uint32))
+        np.testing.assert_array_equal(y3.T.view(np.uint32), w0[:, :3].view(np.uint32))
+
+
+def test_int4_block16_and_f16():
+    rng = np.random.default_rng(3)
+    n, k = 9, 48
+    b, s, zp, w = make_case(rng, n, k, 16, True)
+    a = rng.standard_normal((2, k)).astype(np.float32)
+    check_close(native.matmul_int4(a, b, s, zp, k, 16), a, w)
+    y16 = native.matmul_int4(a.astype(np.float16), b, s, zp, k, 16)
+    assert y16.dtype == np.float16
+    np.testing.assert_allclose(y16.astype(np.float32), a.astype(np.float16).astype(np.float32) @ w.T, rtol=2e-2,
+                               atol=2e-2)
+
+
+_THREADS_SCRIPT = """
+import json, sys, numpy as np
+sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
+from custom_ops import native
+from test_int4_custom_op import make_case
+rng = np.random.default_rng(11)
+out = {{}}
+for m in (1, 3, 128):
+    b, s, zp, w = make_case(rng, 300, 520, 64, True)
+    a = rng.standard_normal((m, 520)).astype(np.float32)
+    out[m] = native.matmul_int4(a, b, s, zp, 520, 64).view(np.uint32).tolist()
+print(json.dumps(out))
+"""
+
+
+def test_int4_bits_do_not_depend_on_threads():
+    script = _THREADS_SCRIPT.format(repo=str(REPO), tests=str(REPO / "tests"))
+    results = []
+    for threads in ("1", "2"):
+        env = dict(os.environ, OMP_NUM_THREADS=threads)
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        results.append(json.loads(out.stdout))
+    assert results[0] == results[1]
