@@ -46,7 +46,22 @@
 #define I4_LANES 32
 #define I4_GEMV_MAX_M 4
 #define I4_GEMV_ROWS 16   /* weight rows per task, M <= 4 */
-#define I4_PANEL_ROWS 48  /* weight rows per task, M > 4 (decoded to float32 once) */
+#ifndef I4_PANEL_ROWS
+#define I4_PANEL_ROWS 16 /* weight rows per task, M > 4 (decoded to float32 one K block at a time) */
+#endif
+#ifndef I4_PREFETCH
+#define I4_PREFETCH 1024  /* GEMV: bytes ahead of each weight row's read, prefetched (more misses in flight) */
+#endif
+#ifndef I4_KC
+#define I4_KC 1024 /* K block of the prefill tiles (partial sums kept between blocks) */
+#endif
+#ifndef I4_MR
+#define I4_MR 2 /* activation rows per AVX-512 tile (measured: 2 x 4 beats 4 x 3, 3 x 3) */
+#endif
+#ifndef I4_NR
+#define I4_NR 4 /* weight rows per AVX-512 tile */
+#endif
+
 
 #if defined(_MSC_VER)
 #define I4_TLS __declspec(thread)
@@ -70,6 +85,7 @@ typedef struct {
   const uint8_t* zp;     /* NULL: 8 */
   float* Y;
   int64_t M, N, K, Kc;   /* Kc: K rounded up to 32 (SIMD) */
+  int64_t n0;            /* prefill tiles: the task's first weight row */
   int64_t block, k_blocks, row_bytes, zp_row_bytes, rows_per_task;
   int path;
   volatile int failed;
@@ -159,16 +175,16 @@ static void deinterleave_a(const float* A, int64_t M, int64_t K, int64_t Kc, flo
 #pragma GCC target("avx2,fma")
 #endif
 
+/* the fold on vectors (lane for lane the same additions as fold32) */
+static inline __m128 fold8_avx2(__m256 x) { /* x[p] (p < 8) -> x[0..3] + x[4..7] -> ... -> lane 0 */
+  __m128 v = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  return _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
+}
+
 static inline float fold_avx2(__m256 e0, __m256 e1, __m256 o0, __m256 o1) {
-  float e[8], o[8];
-  _mm256_storeu_ps(e, _mm256_add_ps(e0, e1)); /* x[p] + x[p + 8] */
-  _mm256_storeu_ps(o, _mm256_add_ps(o0, o1));
-  for (int h = 4; h >= 1; h >>= 1)
-    for (int p = 0; p < h; ++p) {
-      e[p] = e[p] + e[p + h];
-      o[p] = o[p] + o[p + h];
-    }
-  return e[0] + o[0];
+  const __m128 e = fold8_avx2(_mm256_add_ps(e0, e1)), o = fold8_avx2(_mm256_add_ps(o0, o1));
+  return _mm_cvtss_f32(_mm_add_ss(e, o));
 }
 
 /* 32 elements of one row (16 bytes) -> [e0 e1 | o0 o1], exact: ((float)q - (float)z) * s */
@@ -201,7 +217,9 @@ I4_INLINE void gemv_avx2_rows(const i4_job* j, int64_t n, const int R, const int
       const int64_t k = b * j->block + c * 32;
       for (int r = 0; r < R; ++r) {
         __m256 w[4];
-        decode32_avx2(j->B + (n + r) * j->row_bytes + k / 2, zf[r], s[r], &w[0], &w[1], &w[2], &w[3]);
+        const uint8_t* src = j->B + (n + r) * j->row_bytes + k / 2;
+        if ((k & 127) == 0) _mm_prefetch((const char*)src + I4_PREFETCH, _MM_HINT_T0);
+        decode32_avx2(src, zf[r], s[r], &w[0], &w[1], &w[2], &w[3]);
         for (int m = 0; m < MM; ++m) {
           const float* a = j->ad + m * j->Kc + k;
           acc[r][m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a), w[0], acc[r][m][0]);
@@ -237,65 +255,93 @@ static void gemv_avx2_task(i4_job* j, int64_t n0, int64_t n1) {
   }
 }
 
-/* decoded rows, in the A layout (per 32-chunk: evens then odds) */
-static void decode_rows_avx2(const i4_job* j, int64_t n0, int64_t rows, float* out) {
+/* decoded weights of rows n0.. (rows of them), k in [k0, k0 + kc), in the A layout (per 32-chunk: evens, odds) */
+static void decode_block_avx2(const i4_job* j, int64_t n0, int64_t rows, int64_t k0, int64_t kc, float* out) {
   for (int64_t r = 0; r < rows; ++r) {
-    float* d = out + r * j->Kc;
     const int64_t n = n0 + r;
-    for (int64_t b = 0; b < j->k_blocks; ++b) {
-      const __m256 zf = _mm256_set1_ps((float)zero_point(j, n, b));
-      const __m256 s = _mm256_set1_ps(j->scales[n * j->k_blocks + b]);
-      for (int64_t k = b * j->block; k < (b + 1) * j->block; k += 32) {
-        __m256 w0, w1, w2, w3;
-        decode32_avx2(j->B + n * j->row_bytes + k / 2, zf, s, &w0, &w1, &w2, &w3);
-        _mm256_storeu_ps(d + k, w0);
-        _mm256_storeu_ps(d + k + 8, w1);
-        _mm256_storeu_ps(d + k + 16, w2);
-        _mm256_storeu_ps(d + k + 24, w3);
+    int64_t b = -1;
+    __m256 zf = _mm256_setzero_ps(), s = zf;
+    for (int64_t k = k0; k < k0 + kc; k += 32) {
+      if (k / j->block != b) {
+        b = k / j->block;
+        zf = _mm256_set1_ps((float)zero_point(j, n, b));
+        s = _mm256_set1_ps(j->scales[n * j->k_blocks + b]);
       }
+      __m256 w0, w1, w2, w3;
+      decode32_avx2(j->B + n * j->row_bytes + k / 2, zf, s, &w0, &w1, &w2, &w3);
+      float* d = out + r * I4_KC + (k - k0);
+      _mm256_storeu_ps(d, w0);
+      _mm256_storeu_ps(d + 8, w1);
+      _mm256_storeu_ps(d + 16, w2);
+      _mm256_storeu_ps(d + 24, w3);
     }
   }
 }
 
-/* tile: 2 activation rows x 2 weight rows over all of Kc, 4 accumulators per output */
-I4_INLINE void tile_avx2(const i4_job* j, const float* w, int64_t m, int64_t n, const int MR, const int NR) {
-  __m256 acc[2][2][4];
+/* MR activation rows x NR weight rows over one K block, lanes 16 * half .. 16 * half + 15 of each output (the
+ * lanes are independent: the even and the odd halves run as two passes), partial sums in part[m][r][32] */
+I4_INLINE void tile_avx2(const i4_job* j, const float* w, float* part, int64_t rows, int64_t m, int64_t r0,
+                         int64_t k0, int64_t kc, int half, const int MR, const int NR) {
+  __m256 acc[3][2][2];
   for (int a = 0; a < MR; ++a)
-    for (int r = 0; r < NR; ++r)
-      for (int v = 0; v < 4; ++v) acc[a][r][v] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < j->Kc; k += 32)
-    for (int v = 0; v < 4; ++v) { /* unrolled: the accumulator index is a constant */
+    for (int r = 0; r < NR; ++r) {
+      const float* p = part + ((m + a) * rows + r0 + r) * I4_LANES + 16 * half;
+      acc[a][r][0] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(p);
+      acc[a][r][1] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(p + 8);
+    }
+  const float* ap = j->ad + m * j->Kc + k0 + 16 * half;
+  const float* wp = w + r0 * I4_KC + 16 * half;
+  for (int64_t k = 0; k < kc; k += 32)
+    for (int v = 0; v < 2; ++v) {
       __m256 wv[2];
-      for (int r = 0; r < NR; ++r) wv[r] = _mm256_loadu_ps(w + r * j->Kc + k + 8 * v);
+      for (int r = 0; r < NR; ++r) wv[r] = _mm256_loadu_ps(wp + r * I4_KC + k + 8 * v);
       for (int a = 0; a < MR; ++a) {
-        const __m256 av = _mm256_loadu_ps(j->ad + (m + a) * j->Kc + k + 8 * v);
+        const __m256 av = _mm256_loadu_ps(ap + a * j->Kc + k + 8 * v);
         for (int r = 0; r < NR; ++r) acc[a][r][v] = _mm256_fmadd_ps(av, wv[r], acc[a][r][v]);
       }
     }
   for (int a = 0; a < MR; ++a)
-    for (int r = 0; r < NR; ++r)
-      j->Y[(m + a) * j->N + n + r] = fold_avx2(acc[a][r][0], acc[a][r][1], acc[a][r][2], acc[a][r][3]);
+    for (int r = 0; r < NR; ++r) {
+      float* p = part + ((m + a) * rows + r0 + r) * I4_LANES + 16 * half;
+      _mm256_storeu_ps(p, acc[a][r][0]);
+      _mm256_storeu_ps(p + 8, acc[a][r][1]);
+    }
 }
 
 static void panel_avx2_task(i4_job* j, int64_t n0, int64_t n1) {
-  float* w = tls_grow((size_t)((n1 - n0) * j->Kc));
-  if (!w) {
+  const int64_t rows = n1 - n0;
+  float* buf = tls_grow((size_t)(rows * I4_KC + j->M * rows * I4_LANES + 16));
+  if (!buf) {
     j->failed = 1;
     return;
   }
-  decode_rows_avx2(j, n0, n1 - n0, w);
-  for (int64_t n = n0; n < n1; n += 2) {
-    const int nr = n + 2 <= n1 ? 2 : 1;
-    const float* wn = w + (n - n0) * j->Kc;
-    int64_t m = 0;
-    if (nr == 2) {
-      for (; m + 2 <= j->M; m += 2) tile_avx2(j, wn, m, n, 2, 2);
-      for (; m < j->M; ++m) tile_avx2(j, wn, m, n, 1, 2);
-    } else {
-      for (; m + 2 <= j->M; m += 2) tile_avx2(j, wn, m, n, 2, 1);
-      for (; m < j->M; ++m) tile_avx2(j, wn, m, n, 1, 1);
+  float* w = (float*)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+  float* part = w + rows * I4_KC;
+  for (int64_t k0 = 0; k0 < j->Kc; k0 += I4_KC) {
+    const int64_t kc = j->Kc - k0 < I4_KC ? j->Kc - k0 : I4_KC;
+    decode_block_avx2(j, n0, rows, k0, kc, w);
+    for (int64_t m = 0; m < j->M; m += 3) {
+      const int mr = j->M - m >= 3 ? 3 : (int)(j->M - m);
+      for (int64_t r = 0; r < rows; r += 2)
+        for (int half = 0; half < 2; ++half) {
+          if (r + 2 <= rows) {
+            if (mr == 3) tile_avx2(j, w, part, rows, m, r, k0, kc, half, 3, 2);
+            else if (mr == 2) tile_avx2(j, w, part, rows, m, r, k0, kc, half, 2, 2);
+            else tile_avx2(j, w, part, rows, m, r, k0, kc, half, 1, 2);
+          } else {
+            if (mr == 3) tile_avx2(j, w, part, rows, m, r, k0, kc, half, 3, 1);
+            else if (mr == 2) tile_avx2(j, w, part, rows, m, r, k0, kc, half, 2, 1);
+            else tile_avx2(j, w, part, rows, m, r, k0, kc, half, 1, 1);
+          }
+        }
     }
   }
+  for (int64_t m = 0; m < j->M; ++m)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* p = part + (m * rows + r) * I4_LANES;
+      j->Y[m * j->N + n0 + r] = fold_avx2(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), _mm256_loadu_ps(p + 16),
+                                          _mm256_loadu_ps(p + 24));
+    }
 }
 
 #if defined(__clang__)
@@ -314,15 +360,9 @@ static void panel_avx2_task(i4_job* j, int64_t n0, int64_t n1) {
 #endif
 
 static inline float fold_avx512(__m512 e, __m512 o) {
-  float x[16], y[16];
-  _mm512_storeu_ps(x, e);
-  _mm512_storeu_ps(y, o);
-  for (int h = 8; h >= 1; h >>= 1)
-    for (int p = 0; p < h; ++p) {
-      x[p] = x[p] + x[p + h];
-      y[p] = y[p] + y[p + h];
-    }
-  return x[0] + y[0];
+  const __m256 e8 = _mm256_add_ps(_mm512_castps512_ps256(e), _mm512_extractf32x8_ps(e, 1));
+  const __m256 o8 = _mm256_add_ps(_mm512_castps512_ps256(o), _mm512_extractf32x8_ps(o, 1));
+  return _mm_cvtss_f32(_mm_add_ss(fold8_avx2(e8), fold8_avx2(o8)));
 }
 
 /* the 16 decoded values of a group: T[c] = ((float)c - (float)z) * s */
@@ -342,7 +382,9 @@ I4_INLINE void gemv_avx512_rows(const i4_job* j, int64_t n, const int R, const i
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t k = b * j->block + c * 32;
       for (int r = 0; r < R; ++r) {
-        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(j->B + (n + r) * j->row_bytes + k / 2)));
+        const uint8_t* src = j->B + (n + r) * j->row_bytes + k / 2;
+        if ((k & 127) == 0) _mm_prefetch((const char*)src + I4_PREFETCH, _MM_HINT_T0);
+        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)src));
         const __m512 we = _mm512_permutexvar_ps(idx, t[r]);  /* low 4 bits index: the low nibble */
         const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t[r]);
         for (int m = 0; m < MM; ++m) {
@@ -379,32 +421,41 @@ static void gemv_avx512_task(i4_job* j, int64_t n0, int64_t n1) {
   }
 }
 
-static void decode_rows_avx512(const i4_job* j, int64_t n0, int64_t rows, float* out) {
+static void decode_block_avx512(const i4_job* j, int64_t n0, int64_t rows, int64_t k0, int64_t kc, float* out) {
   for (int64_t r = 0; r < rows; ++r) {
-    float* d = out + r * j->Kc;
     const int64_t n = n0 + r;
-    for (int64_t b = 0; b < j->k_blocks; ++b) {
-      const __m512 t = group_table(zero_point(j, n, b), j->scales[n * j->k_blocks + b]);
-      for (int64_t k = b * j->block; k < (b + 1) * j->block; k += 32) {
-        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(j->B + n * j->row_bytes + k / 2)));
-        _mm512_storeu_ps(d + k, _mm512_permutexvar_ps(idx, t));
-        _mm512_storeu_ps(d + k + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t));
+    int64_t b = -1;
+    __m512 t = _mm512_setzero_ps();
+    for (int64_t k = k0; k < k0 + kc; k += 32) {
+      if (k / j->block != b) {
+        b = k / j->block;
+        t = group_table(zero_point(j, n, b), j->scales[n * j->k_blocks + b]);
       }
+      const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(j->B + n * j->row_bytes + k / 2)));
+      float* d = out + r * I4_KC + (k - k0);
+      _mm512_storeu_ps(d, _mm512_permutexvar_ps(idx, t));
+      _mm512_storeu_ps(d + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t));
     }
   }
 }
 
-/* tile: MR activation rows x NR weight rows over all of Kc, 2 accumulators per output */
-I4_INLINE void tile_avx512(const i4_job* j, const float* w, int64_t m, int64_t n, const int MR, const int NR) {
-  __m512 acc[4][3][2];
+/* MR activation rows x NR weight rows over one K block; partial sums in part[m][r][32] between blocks */
+I4_INLINE void tile_avx512(const i4_job* j, const float* w, float* part, int64_t rows, int64_t m, int64_t r0,
+                           int64_t k0, int64_t kc, const int MR, const int NR) {
+  __m512 acc[I4_MR][I4_NR > 2 ? I4_NR : 2][2];
   for (int a = 0; a < MR; ++a)
-    for (int r = 0; r < NR; ++r) acc[a][r][0] = acc[a][r][1] = _mm512_setzero_ps();
-  const float* ap = j->ad + m * j->Kc;
-  for (int64_t k = 0; k < j->Kc; k += 32) {
-    __m512 we[3], wo[3];
     for (int r = 0; r < NR; ++r) {
-      we[r] = _mm512_loadu_ps(w + r * j->Kc + k);
-      wo[r] = _mm512_loadu_ps(w + r * j->Kc + k + 16);
+      const float* p = part + ((m + a) * rows + r0 + r) * I4_LANES;
+      acc[a][r][0] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(p);
+      acc[a][r][1] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(p + 16);
+    }
+  const float* ap = j->ad + m * j->Kc + k0;
+  const float* wp = w + r0 * I4_KC;
+  for (int64_t k = 0; k < kc; k += 32) {
+    __m512 we[I4_NR > 2 ? I4_NR : 2], wo[I4_NR > 2 ? I4_NR : 2];
+    for (int r = 0; r < NR; ++r) {
+      we[r] = _mm512_loadu_ps(wp + r * I4_KC + k);
+      wo[r] = _mm512_loadu_ps(wp + r * I4_KC + k + 16);
     }
     for (int a = 0; a < MR; ++a) {
       const __m512 ae = _mm512_loadu_ps(ap + a * j->Kc + k);
@@ -415,36 +466,52 @@ I4_INLINE void tile_avx512(const i4_job* j, const float* w, int64_t m, int64_t n
       }
     }
   }
+  const int last = k0 + kc >= j->Kc;
   for (int a = 0; a < MR; ++a)
-    for (int r = 0; r < NR; ++r) j->Y[(m + a) * j->N + n + r] = fold_avx512(acc[a][r][0], acc[a][r][1]);
+    for (int r = 0; r < NR; ++r) {
+      if (last) {
+        j->Y[(m + a) * j->N + j->n0 + r0 + r] = fold_avx512(acc[a][r][0], acc[a][r][1]);
+      } else {
+        float* p = part + ((m + a) * rows + r0 + r) * I4_LANES;
+        _mm512_storeu_ps(p, acc[a][r][0]);
+        _mm512_storeu_ps(p + 16, acc[a][r][1]);
+      }
+    }
 }
 
-#define I4_TILE_ROWS(NR)                                                  \
-  do {                                                                    \
-    int64_t m = 0;                                                        \
-    for (; m + 4 <= j->M; m += 4) tile_avx512(j, wn, m, n, 4, NR);        \
-    for (; m < j->M; ++m) tile_avx512(j, wn, m, n, 1, NR);                \
+#define I4_TILE_M(NR)                                                                       \
+  do {                                                                                      \
+    int64_t m = 0;                                                                          \
+    for (; m + I4_MR <= j->M; m += I4_MR) tile_avx512(j, w, part, rows, m, r, k0, kc, I4_MR, NR); \
+    for (; m < j->M; ++m) tile_avx512(j, w, part, rows, m, r, k0, kc, 1, NR);               \
   } while (0)
 
 static void panel_avx512_task(i4_job* j, int64_t n0, int64_t n1) {
-  float* w = tls_grow((size_t)((n1 - n0) * j->Kc));
-  if (!w) {
+  const int64_t rows = n1 - n0;
+  float* buf = tls_grow((size_t)(rows * I4_KC + j->M * rows * I4_LANES + 16));
+  if (!buf) {
     j->failed = 1;
     return;
   }
-  decode_rows_avx512(j, n0, n1 - n0, w);
-  for (int64_t n = n0; n < n1;) {
-    const float* wn = w + (n - n0) * j->Kc;
-    const int64_t left = n1 - n;
-    if (left >= 3) {
-      I4_TILE_ROWS(3);
-      n += 3;
-    } else if (left == 2) {
-      I4_TILE_ROWS(2);
-      n += 2;
-    } else {
-      I4_TILE_ROWS(1);
-      n += 1;
+  float* w = (float*)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+  float* part = w + rows * I4_KC;
+  i4_job local = *j; /* n0 for the tiles' output column */
+  local.n0 = n0;
+  j = &local;
+  for (int64_t k0 = 0; k0 < j->Kc; k0 += I4_KC) {
+    const int64_t kc = j->Kc - k0 < I4_KC ? j->Kc - k0 : I4_KC;
+    decode_block_avx512(j, n0, rows, k0, kc, w);
+    for (int64_t r = 0; r < rows;) {
+      if (rows - r >= I4_NR) {
+        I4_TILE_M(I4_NR);
+        r += I4_NR;
+      } else if (rows - r >= 2) {
+        I4_TILE_M(2);
+        r += 2;
+      } else {
+        I4_TILE_M(1);
+        r += 1;
+      }
     }
   }
 }
