@@ -128,3 +128,44 @@ def test_int4_bits_do_not_depend_on_threads():
         out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
         results.append(json.loads(out.stdout))
     assert results[0] == results[1]
+
+
+def _single_node(op_type, n, k, bs, b, s, zp):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from custom_ops.functions import DOMAIN, function_proto
+
+    inits = [onnx.numpy_helper.from_array(b, "B"), onnx.numpy_helper.from_array(s.reshape(-1), "S")]
+    inputs = ["A", "B", "S"]
+    if zp is not None:
+        inits.append(onnx.numpy_helper.from_array(zp.reshape(-1), "Z"))
+        inputs.append("Z")
+    node = helper.make_node(op_type, inputs, ["Y"], domain=DOMAIN, K=k, N=n, block_size=bs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
+                              functions=[function_proto(op_type)])
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("asym", [True, False])
+@pytest.mark.parametrize("bs", [32, 128])
+def test_int4_function_fallback_and_ort_kernel(asym, bs):
+    """The ONNX-function body (no library) decodes the same weights; with the library ORT runs our kernel, whose bits
+    equal the native call's."""
+    import onnxruntime as ort
+
+    from custom_ops import ort_library
+
+    rng = np.random.default_rng(5 + bs)
+    n, k = 45, 3 * bs + 64 if bs == 32 else 2 * bs + 96  # K padded inside the last block
+    b, s, zp, w = make_case(rng, n, k, bs, asym)
+    a = rng.standard_normal((3, k)).astype(np.float32)
+    model = _single_node("MatMulUint4" if asym else "MatMulInt4", n, k, bs, b, s, zp)
+    y_fn = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"A": a})[0]
+    check_close(y_fn, a, w)
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(str(ort_library.build(log=lambda m: None)))
+    y_lib = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, {"A": a})[0]
+    np.testing.assert_array_equal(y_lib.view(np.uint32), native.matmul_int4(a, b, s, zp, k, bs).view(np.uint32))
