@@ -152,17 +152,22 @@ static void portable_task(i4_job* j, int64_t n0, int64_t n1) {
   }
 }
 
-/* A [M, K] -> per 32-chunk [a[32c + 2p], p < 16 | a[32c + 2p + 1], p < 16], zero past K. */
-static void deinterleave_a(const float* A, int64_t M, int64_t K, int64_t Kc, float* out) {
-  for (int64_t m = 0; m < M; ++m) {
-    const float* a = A + m * K;
-    float* d = out + m * Kc;
-    for (int64_t c = 0; c < Kc; c += 32)
-      for (int p = 0; p < 16; ++p) {
-        const int64_t ke = c + 2 * p, ko = ke + 1;
-        d[c + p] = ke < K ? a[ke] : 0.0f;
-        d[c + 16 + p] = ko < K ? a[ko] : 0.0f;
-      }
+/* A [M, K] -> per 32-chunk [a[32c + 2p], p < 16 | a[32c + 2p + 1], p < 16], zero past K; in K blocks of kb
+ * columns, block after block, each [M, its width] (the rows of one block contiguous: no cache-set aliasing at a
+ * large K). kb >= Kc: plain [M, Kc]. */
+static void deinterleave_a(const float* A, int64_t M, int64_t K, int64_t Kc, int64_t kb, float* out) {
+  for (int64_t k0 = 0; k0 < Kc; k0 += kb) {
+    const int64_t kc = Kc - k0 < kb ? Kc - k0 : kb;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* a = A + m * K;
+      float* d = out + k0 * M + m * kc - k0;
+      for (int64_t c = k0; c < k0 + kc; c += 32)
+        for (int p = 0; p < 16; ++p) {
+          const int64_t ke = c + 2 * p, ko = ke + 1;
+          d[c + p] = ke < K ? a[ke] : 0.0f;
+          d[c + 16 + p] = ko < K ? a[ko] : 0.0f;
+        }
+    }
   }
 }
 
@@ -289,14 +294,14 @@ I4_INLINE void tile_avx2(const i4_job* j, const float* w, float* part, int64_t r
       acc[a][r][0] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(p);
       acc[a][r][1] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(p + 8);
     }
-  const float* ap = j->ad + m * j->Kc + k0 + 16 * half;
+  const float* ap = j->ad + k0 * j->M + m * kc + 16 * half; /* the K block's [M, kc] */
   const float* wp = w + r0 * I4_KC + 16 * half;
   for (int64_t k = 0; k < kc; k += 32)
     for (int v = 0; v < 2; ++v) {
       __m256 wv[2];
       for (int r = 0; r < NR; ++r) wv[r] = _mm256_loadu_ps(wp + r * I4_KC + k + 8 * v);
       for (int a = 0; a < MR; ++a) {
-        const __m256 av = _mm256_loadu_ps(ap + a * j->Kc + k + 8 * v);
+        const __m256 av = _mm256_loadu_ps(ap + a * kc + k + 8 * v);
         for (int r = 0; r < NR; ++r) acc[a][r][v] = _mm256_fmadd_ps(av, wv[r], acc[a][r][v]);
       }
     }
@@ -449,17 +454,19 @@ I4_INLINE void tile_avx512(const i4_job* j, const float* w, float* part, int64_t
       acc[a][r][0] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(p);
       acc[a][r][1] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(p + 16);
     }
-  const float* ap = j->ad + m * j->Kc + k0;
+  const float* ap = j->ad + k0 * j->M + m * kc; /* the K block's [M, kc] */
   const float* wp = w + r0 * I4_KC;
   for (int64_t k = 0; k < kc; k += 32) {
     __m512 we[I4_NR > 2 ? I4_NR : 2], wo[I4_NR > 2 ? I4_NR : 2];
     for (int r = 0; r < NR; ++r) {
       we[r] = _mm512_loadu_ps(wp + r * I4_KC + k);
       wo[r] = _mm512_loadu_ps(wp + r * I4_KC + k + 16);
+      /* each weight vector loaded once into a register (GCC would otherwise fold the load into every FMA) */
+      __asm__("" : "+v"(we[r]), "+v"(wo[r]));
     }
     for (int a = 0; a < MR; ++a) {
-      const __m512 ae = _mm512_loadu_ps(ap + a * j->Kc + k);
-      const __m512 ao = _mm512_loadu_ps(ap + a * j->Kc + k + 16);
+      const __m512 ae = _mm512_loadu_ps(ap + a * kc + k);
+      const __m512 ao = _mm512_loadu_ps(ap + a * kc + k + 16);
       for (int r = 0; r < NR; ++r) {
         acc[a][r][0] = _mm512_fmadd_ps(ae, we[r], acc[a][r][0]);
         acc[a][r][1] = _mm512_fmadd_ps(ao, wo[r], acc[a][r][1]);
@@ -588,7 +595,7 @@ int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* scales, co
     j.Kc = j.k_blocks * block_size; /* block % 32 == 0 here */
     ad = (float*)malloc(sizeof(float) * (size_t)(M * j.Kc) + 64);
     if (!ad) return QO_ERR_ALLOC;
-    deinterleave_a(A, M, K, j.Kc, ad);
+    deinterleave_a(A, M, K, j.Kc, M <= I4_GEMV_MAX_M ? j.Kc : I4_KC, ad);
     j.ad = ad;
   }
   if (K == 0 || j.k_blocks == 0) {
