@@ -169,3 +169,25 @@ def test_int4_function_fallback_and_ort_kernel(asym, bs):
     so.register_custom_ops_library(str(ort_library.build(log=lambda m: None)))
     y_lib = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, {"A": a})[0]
     np.testing.assert_array_equal(y_lib.view(np.uint32), native.matmul_int4(a, b, s, zp, k, bs).view(np.uint32))
+
+
+@pytest.mark.parametrize("bs", [32, 128])
+def test_int4_k_blocks_of_the_tiles(bs):
+    """K over the prefill tiles' K block (1024, partial sums kept between blocks), N over a task: the same bits on
+    every path and for M = 1 and M = 7."""
+    rng = np.random.default_rng(bs)
+    n, k = 53, 2 * 1024 + 3 * bs
+    b, s, zp, w = make_case(rng, n, k, bs, True)
+    a = rng.standard_normal((7, k)).astype(np.float32)
+    outs = []
+    for path in ("", "avx2", "portable"):
+        if path:
+            os.environ["QO_CPU_KERNELS"] = path
+        try:
+            outs.append((native.matmul_int4(a, b, s, zp, k, bs), native.matmul_int4(a[2:3], b, s, zp, k, bs)))
+        finally:
+            os.environ.pop("QO_CPU_KERNELS", None)
+    check_close(outs[0][0], a, w)
+    for y, y1 in outs:
+        np.testing.assert_array_equal(y.view(np.uint32), outs[0][0].view(np.uint32))
+        np.testing.assert_array_equal(y1.view(np.uint32), outs[0][0][2:3].view(np.uint32))
