@@ -286,6 +286,6 @@ def test_make_node_validates():
     node = functions.make_node("MatMulFp8W8A8Dyn", ["A", "B", "S"], ["Y"])
     assert node.domain == functions.DOMAIN == "com.quark_onnx"
     assert set(functions.FUNCTIONS) == {"MatMulMxfp4", "MatMulFp8W8A8", "MatMulFp8W8A8Dyn", "MatMulBf16", "MatMulFp8",
-                                        "MatMulInt8", "MatMulNvfp4"}
+                                        "MatMulInt8", "MatMulNvfp4", "MatMulUint4", "MatMulInt4"}
     with pytest.raises(ValueError, match="opset >= 19"):
         functions.matmul_fp8_w8a8_function(onnx_opset=17)
