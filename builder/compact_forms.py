@@ -27,7 +27,8 @@ from dataclasses import replace
 COMPACT = "compact"
 NO_LIBRARY = "none"  # --extra_options custom_ops_library=none
 # the fp32 forms each compact default falls back to (today's pre-compact CPU default)
-FP32_FORMS = {"fp8_linear": "dequantized_weight", "int8_linear": "dequantized_weight", "fp4_linear": "dense"}
+FP32_FORMS = {"fp8_linear": "dequantized_weight", "int8_linear": "dequantized_weight", "fp4_linear": "dense",
+              "int4_linear": "matmul_nbits"}
 BUILD_COMMAND = "python -m custom_ops.ort_library"
 EMBEDDING = "model.embed_tokens.weight"
 
@@ -58,7 +59,8 @@ def fp32_ep(ep, options, only=None):
 
 # which default each com.quark_onnx op comes from
 OP_KEYS = {"MatMulFp8": "fp8_linear", "MatMulInt8": "int8_linear", "MatMulMxfp4": "fp4_linear",
-           "MatMulNvfp4": "fp4_linear", "MatMulBf16": "lm_head"}
+           "MatMulNvfp4": "fp4_linear", "MatMulBf16": "lm_head", "MatMulUint4": "int4_linear",
+           "MatMulInt4": "int4_linear"}
 
 
 def missing_kernels(plan, library: str, options) -> dict[str, str]:

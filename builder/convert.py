@@ -38,6 +38,7 @@ from .quant.float_bf16 import check_embedding as check_bf16_embedding
 from .quant.float_linear import FloatLinear
 from .quant.fp8_w8a8 import FP8_LINEAR_FORMS
 from .quant.int8_w8a8 import INT8_LINEAR_FORMS
+from .quant.int_weight_only import INT4_LINEAR_FORMS
 from .quant.mxfp4 import FP4_LINEAR_METHODS, MX_ACTIVATION_OPTIONS
 from .quark_reader import QuarkConfig, read_model_config
 
@@ -277,7 +278,8 @@ def read_generation_config(source: Path) -> dict:
 
 # --extra_options that choose among a fixed set of forms, with the values each takes. The first three override the
 # EP profile's field of the same name.
-EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "int8_linear": INT8_LINEAR_FORMS, "fp4_linear": FP4_LINEAR_METHODS}
+EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "int8_linear": INT8_LINEAR_FORMS, "fp4_linear": FP4_LINEAR_METHODS,
+                "int4_linear": INT4_LINEAR_FORMS}
 # --extra_options lm_head forms that replace a float lm_head: (scheme, what happens to a tied embedding)
 LM_HEAD_SCHEMES = {"int8": (FloatToInt8Linear, "quantizes a copy of it to 8 bits"),
                    "bf16": (FloatBf16Linear, "reads its bf16 bits (one table with embedding=bf16, else a copy)")}

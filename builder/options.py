@@ -80,6 +80,11 @@ def _has_fp8_attention(plan) -> bool:
         for name, lp in plan.linears.items())
 
 
+def _has_int4(plan) -> bool:
+    return any(lp.scheme.__name__ == "IntWeightOnly" and lp.spec.weight[0].dtype in ("int4", "uint4")
+               for lp in plan.linears.values())
+
+
 def _has_fp4(plan) -> bool:
     return any(lp.scheme.__name__ in ("Mxfp4Linear", "Nvfp4Linear") for lp in plan.linears.values())
 
@@ -112,6 +117,9 @@ OPTIONS: dict[str, Option] = {
                           "INT8 W8A8 linear form: dequantized_weight (CPU default: fp32 GEMM, the same logits on "
                           "every CPU) | qdq (ORT CPU fuses an integer GEMM: faster, but on x86 CPUs without VNNI its "
                           "u8s8 kernel saturates and the logits drift)"),
+    "int4_linear": Option(_choices_of(("builder.quant.int_weight_only", "INT4_LINEAR_FORMS")), _has_int4,
+                          "4-bit weight-only linear form: matmul_nbits (MatMulNBits at accuracy_level) | compact "
+                          "(cpu: com.quark_onnx MatMulUint4/MatMulInt4, fp32 activations, exact; custom-op library)"),
     "fp4_linear": Option(_choices_of(("builder.quant.mxfp4", "FP4_LINEAR_METHODS")), _has_fp4,
                          "FP4 weight form (overrides the EP profile)"),
     "fuse_projections": Option(choice("0", "1", "true", "false", convert=lambda t: t in ("1", "true")),

@@ -53,6 +53,10 @@ FP8_ZERO = helper.make_tensor("fp8_zero", TensorProto.FLOAT8E4M3FN, [], np.zeros
 ONE = _tensor("one", np.array(1.0, dtype=np.float32))
 FP8_MAX = _tensor("fp8_max", np.array(E4M3FN_MAX, dtype=np.float32))
 SCALE_MIN = _tensor("scale_min", np.array(DYNAMIC_SCALE_MIN, dtype=np.float32))
+ZERO_1D = _ints("zero_1d", [0])
+ONE_1D = _ints("one_1d", [1])
+SHAPE_N_ANY = _ints("shape_n_any", [0, -1])
+INT4_DEFAULT_ZP = _tensor("int4_default_zp", np.array(8.0, dtype=np.float32))
 
 
 @script(quark_onnx)
@@ -229,6 +233,54 @@ def MatMulExpertsInt8(A, expert_ids, B: INT8[...], B_scale: FLOAT[...]):
     return Y
 
 
-BODIES = {fn.name: fn for fn in (MatMulMxfp4, MatMulFp8W8A8, MatMulFp8W8A8Dyn, MatMulBf16, MatMulFp8, MatMulInt8,
+@script(quark_onnx)
+def MatMulUint4(A, B: UINT8[...], scales: FLOAT[...], zero_points: UINT8[...], K: int, N: int, block_size: int):
+    """Y = float32(A) @ W^T, W[n, k] = (q - z) * s in float32 (Quark's dequantization: the integer difference is exact,
+    the product rounds once). MatMulNBits' 4-bit layout: B uint8 [N, k_blocks, block_size/2] (even k in the low
+    nibble, K padded with zeros to k_blocks * block_size), scales float32 [N * k_blocks], zero_points uint8
+    [N * ceil(k_blocks/2)] packed uint4 (block 2j in the low nibble)."""
+    last_axis = op.Constant(value=LAST_AXIS)
+    code_even = op.BitwiseAnd(B, op.Constant(value=LOW_MASK))
+    code_odd = op.BitShift(B, op.Constant(value=NIBBLE_BITS), direction="RIGHT")
+    codes = op.Concat(op.Unsqueeze(code_even, last_axis), op.Unsqueeze(code_odd, last_axis), axis=-1)
+    n_kb = op.Shape(B, start=0, end=2)                                                   # [N, k_blocks]
+    code_blocks = op.Cast(op.Reshape(codes, op.Concat(n_kb, last_axis, axis=0)), to=TensorProto.FLOAT)
+    zp_even = op.BitwiseAnd(zero_points, op.Constant(value=LOW_MASK))
+    zp_odd = op.BitShift(zero_points, op.Constant(value=NIBBLE_BITS), direction="RIGHT")
+    zp_pairs = op.Concat(op.Unsqueeze(zp_even, last_axis), op.Unsqueeze(zp_odd, last_axis), axis=-1)
+    zp_rows = op.Reshape(zp_pairs, op.Concat(op.Shape(B, start=0, end=1), last_axis, axis=0))  # [N, 2 ceil(kb/2)]
+    zp = op.Slice(zp_rows, op.Constant(value=ZERO_1D), op.Shape(B, start=1, end=2), op.Constant(value=ONE_1D))
+    zp_f = op.Unsqueeze(op.Cast(zp, to=TensorProto.FLOAT), last_axis)                   # [N, k_blocks, 1]
+    scale = op.Reshape(scales, op.Concat(n_kb, op.Constant(value=ONE_1D), axis=0))      # [N, k_blocks, 1]
+    weight_blocks = op.Mul(op.Sub(code_blocks, zp_f), scale)
+    weight_padded = op.Reshape(weight_blocks, op.Constant(value=SHAPE_N_ANY))           # [N, k_blocks * bs]
+    weight_nk = op.Slice(weight_padded, op.Constant(value=ZERO_1D), op.Shape(A, start=-1),
+                         op.Constant(value=ONE_1D))
+    y_f32 = op.MatMul(op.Cast(A, to=TensorProto.FLOAT), op.Transpose(weight_nk, perm=[1, 0]))
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
+@script(quark_onnx)
+def MatMulInt4(A, B: UINT8[...], scales: FLOAT[...], K: int, N: int, block_size: int):
+    """MatMulUint4 with every zero point 8: a symmetric int4 weight q stored as q + 8 (MatMulNBits' layout without
+    zero_points); W = (u - 8) * s = q * s."""
+    last_axis = op.Constant(value=LAST_AXIS)
+    code_even = op.BitwiseAnd(B, op.Constant(value=LOW_MASK))
+    code_odd = op.BitShift(B, op.Constant(value=NIBBLE_BITS), direction="RIGHT")
+    codes = op.Concat(op.Unsqueeze(code_even, last_axis), op.Unsqueeze(code_odd, last_axis), axis=-1)
+    n_kb = op.Shape(B, start=0, end=2)
+    code_blocks = op.Cast(op.Reshape(codes, op.Concat(n_kb, last_axis, axis=0)), to=TensorProto.FLOAT)
+    scale = op.Reshape(scales, op.Concat(n_kb, op.Constant(value=ONE_1D), axis=0))
+    weight_blocks = op.Mul(op.Sub(code_blocks, op.Constant(value=INT4_DEFAULT_ZP)), scale)
+    weight_padded = op.Reshape(weight_blocks, op.Constant(value=SHAPE_N_ANY))
+    weight_nk = op.Slice(weight_padded, op.Constant(value=ZERO_1D), op.Shape(A, start=-1),
+                         op.Constant(value=ONE_1D))
+    y_f32 = op.MatMul(op.Cast(A, to=TensorProto.FLOAT), op.Transpose(weight_nk, perm=[1, 0]))
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
+BODIES = {fn.name: fn for fn in (MatMulUint4, MatMulInt4, MatMulMxfp4, MatMulFp8W8A8, MatMulFp8W8A8Dyn, MatMulBf16, MatMulFp8, MatMulInt8,
                                  MatMulNvfp4, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
                                  MatMulExpertsInt8)}

@@ -72,7 +72,17 @@ def matmul_nvfp4_function(onnx_opset: int = DEFAULT_ONNX_OPSET) -> onnx.Function
     return function_proto("MatMulNvfp4", onnx_opset)
 
 
+def matmul_uint4_function(onnx_opset: int = DEFAULT_ONNX_OPSET) -> onnx.FunctionProto:
+    return function_proto("MatMulUint4", onnx_opset)
+
+
+def matmul_int4_function(onnx_opset: int = DEFAULT_ONNX_OPSET) -> onnx.FunctionProto:
+    return function_proto("MatMulInt4", onnx_opset)
+
+
 FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
+    "MatMulUint4": matmul_uint4_function,
+    "MatMulInt4": matmul_int4_function,
     "MatMulMxfp4": matmul_mxfp4_function,
     "MatMulFp8W8A8": matmul_fp8_w8a8_function,
     "MatMulFp8W8A8Dyn": matmul_fp8_w8a8_dyn_function,
@@ -100,6 +110,8 @@ OP_INPUTS = {
     "MatMulExpertsNvfp4": ("A", "expert_ids", "B", "B_scale", "B_scale_2"),
     "MatMulExpertsFp8": ("A", "expert_ids", "B", "B_scale"),
     "MatMulExpertsInt8": ("A", "expert_ids", "B", "B_scale"),
+    "MatMulUint4": ("A", "B", "scales", "zero_points"),
+    "MatMulInt4": ("A", "B", "scales"),
 }
 OP_REQUIRED_ATTRIBUTES = {
     "MatMulMxfp4": ("K", "N"),
@@ -113,6 +125,8 @@ OP_REQUIRED_ATTRIBUTES = {
     "MatMulExpertsNvfp4": (),
     "MatMulExpertsFp8": (),
     "MatMulExpertsInt8": (),
+    "MatMulUint4": ("K", "N", "block_size"),
+    "MatMulInt4": ("K", "N", "block_size"),
 }
 
 

@@ -12,6 +12,7 @@ rebuilt when a source is newer than the library.
     y = native.matmul_int8(a, b_int8, b_scale)             # weight-only INT8 (MatMulInt8)
     y = native.matmul_nvfp4(a, b_packed, b_scale_e4m3, b_scale_2)
     y = native.matmul_bf16(a, b_bf16_bits)
+    y = native.matmul_int4(a, b_packed, scales, zero_points_or_None, k, block_size)  # MatMulNBits' 4-bit layout
 
 QO_CPU_KERNELS=portable in the environment makes the library take its portable C path instead of AVX2 (same bits).
 """
@@ -37,7 +38,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_DIR = PACKAGE_DIR / "src"
 BUILD_DIR = PACKAGE_DIR / "build" / "cpu"
 LIBRARY_NAME = "quark_onnx_ops"
-CPU_SOURCES = ("qo_cpu_kernels.c", "qo_cpu_experts.c", "qo_version.c")
+CPU_SOURCES = ("qo_cpu_kernels.c", "qo_cpu_experts.c", "qo_cpu_int4.c", "qo_version.c")
 HEADERS = ("qo_fp_formats.h", "qo_kernels.h")
 ABI_VERSION = 1
 MXFP4_BLOCK_SIZE = 32
@@ -130,6 +131,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "qo_matmul_nvfp4_f16": [p, p, p, f32, p, i64, i64, i64],
         "qo_matmul_bf16_f32": [p, p, p, i64, i64, i64],
         "qo_matmul_bf16_f16": [p, p, p, i64, i64, i64],
+        "qo_matmul_int4_f32": [p, p, p, p, p, i64, i64, i64, i64],
+        "qo_matmul_int4_f16": [p, p, p, p, p, i64, i64, i64, i64],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
@@ -282,4 +285,30 @@ def matmul_bf16(a: np.ndarray, b_bits: np.ndarray) -> np.ndarray:
     y = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
     fn = getattr(load_library(), f"qo_matmul_bf16_{suffix}")
     _check(fn(_ptr(a), _ptr(b), _ptr(y), a.size // k, n, k), "matmul_bf16")
+    return y
+
+
+def matmul_int4(a: np.ndarray, b_packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, k: int,
+                block_size: int) -> np.ndarray:
+    """Exact 4-bit per-group weight (MatMulUint4 / MatMulInt4): Y = A @ W.T, W[n, k] = f32((q - z) * s) with q the
+    nibble of B uint8 [N, ceil(K/bs), bs/2] (even k low), s = scales [N, ceil(K/bs)], z from zero_points uint8
+    [N, ceil(ceil(K/bs)/2)] packed uint4 (None: 8)."""
+    b = np.ascontiguousarray(b_packed, dtype=np.uint8)
+    n = b.shape[0]
+    k_blocks = -(-k // block_size)
+    if b.size != n * k_blocks * block_size // 2:
+        raise ValueError(f"matmul_int4: B {b.shape} is not [N, {k_blocks}, {block_size // 2}]")
+    s = np.ascontiguousarray(scales, dtype=np.float32).reshape(-1)
+    if s.size != n * k_blocks:
+        raise ValueError(f"matmul_int4: scales has {s.size} values, want {n * k_blocks}")
+    zp = None
+    if zero_points is not None:
+        zp = np.ascontiguousarray(zero_points, dtype=np.uint8).reshape(-1)
+        if zp.size != n * ((k_blocks + 1) // 2):
+            raise ValueError(f"matmul_int4: zero_points has {zp.size} bytes, want {n * ((k_blocks + 1) // 2)}")
+    a, suffix = _activation(a, k, "matmul_int4")
+    y = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
+    fn = getattr(load_library(), f"qo_matmul_int4_{suffix}")
+    _check(fn(_ptr(a), _ptr(b), _ptr(s), None if zp is None else _ptr(zp), _ptr(y), a.size // k, n, k, block_size),
+           "matmul_int4")
     return y

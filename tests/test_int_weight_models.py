@@ -138,3 +138,32 @@ def test_8bit_weights_on_migraphx_use_dequantize_linear(exports, tmp_path, recip
     ref = np.load(export / "reference.npz")
     got = prompt_logits(out, ref["input_ids"], {"session.qdq_matmulnbits_accuracy_level": "1"})
     assert float(np.abs(got - ref["logits"]).max()) <= LOGIT_TOL
+
+
+INT4_COMPACT = [c for c in [("llama_h64", "uint4_g64"), ("llama_h64", "int4_g32"), ("llama_h64", "uint4_per_channel"),
+                            ("llama_h64", "uint4_g32_order"), ("llama_h64_fp16", "uint4_g64")] if c in CASES]
+
+
+@pytest.mark.parametrize("shape,recipe", INT4_COMPACT, ids=[f"{s}-{r}" for s, r in INT4_COMPACT])
+def test_int4_compact_matches_quark(exports, tmp_path, shape, recipe):
+    """int4_linear=compact: com.quark_onnx MatMulUint4 / MatMulInt4 (fp32 activations, exact decode) in place of every
+    MatMulNBits; Quark's logits within the accuracy_level=1 bound, with the library and through the ONNX functions."""
+    export = exports[(shape, recipe)]
+    precision = "fp16" if shape.endswith("fp16") else "fp32"
+    out = build(export, tmp_path / "onnx", "cpu", precision, int4_linear="compact")
+    ops = op_types(out)
+    assert "MatMulNBits" not in ops and ops.get("MatMulUint4", 0) + ops.get("MatMulInt4", 0) > 0, ops
+    ref = np.load(export / "reference.npz")
+    ids = ref["input_ids"]
+    if precision == "fp32":
+        ref_logits = ref["logits"]
+        tol = LOGIT_TOL
+    else:  # fp16 io: the same output at accuracy_level 1 is the reference (fp16 roundings of the activations)
+        ref_logits = prompt_logits(build(export, tmp_path / "al1", "cpu", precision, accuracy_level=1), ids)
+        tol = 2e-2
+    with_library = prompt_logits(out, ids)
+    without = prompt_logits(out, ids, custom_ops_library="")
+    assert float(np.abs(with_library - ref_logits).max()) <= tol
+    assert float(np.abs(without - ref_logits).max()) <= tol
+    if precision == "fp32":
+        assert genai_greedy(out, ids) == ref["greedy"].tolist()

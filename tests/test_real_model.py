@@ -99,6 +99,20 @@ def test_real_model_weight_only_exact(real_exports, name, tmp_path):
     assert r["greedy"] == r["ref_greedy"], r
 
 
+@pytest.mark.parametrize("name", [n for n in WEIGHT_ONLY if n.startswith(("uint4", "int4"))])
+def test_real_model_int4_compact_exact(real_exports, name, tmp_path):
+    """int4_linear=compact (com.quark_onnx MatMulUint4 / MatMulInt4, custom_ops/src/qo_cpu_int4.c): fp32 activations
+    and Quark's exact decode, so the same bounds as MatMulNBits at accuracy_level 1."""
+    from builder.options import parse_extra_options
+    r = run_onnx(real_exports[name], tmp_path / name, parse_extra_options(["int4_linear=compact"]))
+    import onnx
+    ops = {n.op_type for n in onnx.load(str(tmp_path / name / "model.onnx"), load_external_data=False).graph.node}
+    assert "MatMulNBits" not in ops and ops & {"MatMulUint4", "MatMulInt4"}, ops
+    assert abs(r["ppl_rel"]) < 1e-4, r
+    assert r["top1"] == 1.0 and r["max_diff"] < 1e-3, r
+    assert r["greedy"] == r["ref_greedy"], r
+
+
 @pytest.mark.parametrize("name", LINEAR_PROBED)
 def test_real_model_linears_match_quark_on_real_activations(real_exports, name, tmp_path):
     from activation_probe import capture_linears, compare, onnx_linear

@@ -29,9 +29,30 @@ def block_size_for(group_size: int, in_features: int, layer: str) -> int:
     return bs
 
 
+INT4_OPS = ("MatMulUint4", "MatMulInt4")  # com.quark_onnx: the exact 4-bit form (custom_ops/src/qo_cpu_int4.c)
+
+
+def emit_int4_compact(ctx, name: str, node_name: str, x: str, b: str, scale_b: np.ndarray, zp_b: np.ndarray | None,
+                      k: int, n: int, bs: int) -> str:
+    """com.quark_onnx MatMulUint4 (zero points) / MatMulInt4 (all 8) on MatMulNBits' B bytes `b` (an initializer
+    name): fp32 activations, W = (u - z) * s decoded exactly, fp32 sums; + the ONNX-function fallback.
+    scale_b float [N, k_blocks], zp_b uint8 [N, k_blocks] (unsigned domain) or None."""
+    from custom_ops.functions import DOMAIN, FUNCTIONS
+
+    g = ctx.graph
+    op = "MatMulUint4" if zp_b is not None and np.any(zp_b != 8) else "MatMulInt4"
+    g.add_function(FUNCTIONS[op](g.opsets[""]), opset_version=1)
+    inputs = [x, b, g.initializer(f"{name}.{op}.scales", np.ascontiguousarray(scale_b, np.float32).reshape(-1))]
+    if op == "MatMulUint4":
+        inputs.append(g.initializer(f"{name}.{op}.zero_points", pack_uint_lowfirst(zp_b, 4).reshape(-1)))
+    return g.op(op, inputs, node_name.replace("/MatMulNBits", f"/{op}"), domain=DOMAIN, K=k, N=n, block_size=bs)
+
+
 def emit_matmul_nbits(ctx, name: str, node_name: str, x: str, u: np.ndarray, scale: np.ndarray,
-                      zero_point: np.ndarray | None, bits: int, group_size: int, accuracy_level: int) -> str:
-    """u: uint8 [N, K]; scale: float32 [N, K/g]; zero_point: uint8 [N, K/g] or None (means 2^(bits-1))."""
+                      zero_point: np.ndarray | None, bits: int, group_size: int, accuracy_level: int,
+                      compact: bool = False) -> str:
+    """u: uint8 [N, K]; scale: float32 [N, K/g]; zero_point: uint8 [N, K/g] or None (means 2^(bits-1)).
+    compact (4-bit only): the same B bytes through com.quark_onnx MatMulUint4 / MatMulInt4 (emit_int4_compact)."""
     n, k = u.shape
     bs = block_size_for(group_size, k, name)
     rep = group_size // bs if group_size != k else -(-k // bs)
@@ -41,6 +62,10 @@ def emit_matmul_nbits(ctx, name: str, node_name: str, x: str, u: np.ndarray, sca
         u = np.concatenate([u, np.zeros((n, k_blocks * bs - k), np.uint8)], axis=1)
     b = pack_uint_lowfirst(u.reshape(n, k_blocks, bs), bits)
     g = ctx.graph
+    if compact:
+        zp_b = None if zero_point is None else np.repeat(zero_point, rep, axis=1)[:, :k_blocks]
+        return emit_int4_compact(ctx, name, node_name, x, g.initializer(f"{name}.MatMulNBits.B", b), scale_b, zp_b,
+                                 k, n, bs)
     inputs = [x, g.initializer(f"{name}.MatMulNBits.B", b),
               g.initializer(f"{name}.MatMulNBits.scales", scale_b.astype(ctx.io_np).reshape(-1))]
     default_zp = 1 << (bits - 1)

@@ -13,12 +13,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConversionError
-from ..ops.matmul_nbits import block_size_for, emit_matmul_nbits
+from ..ops.matmul_nbits import block_size_for, emit_int4_compact, emit_matmul_nbits
 from . import int4_repack
 from .base import LinearPlan, Scheme
 from .int_packing import pack_uint_lowfirst, unpack_int4_words
 
 BITS = {"int4": 4, "uint4": 4, "int8": 8, "uint8": 8}
+# --extra_options int4_linear: MatMulNBits (accuracy_level decides exactness and speed), or compact: the same bytes
+# through com.quark_onnx MatMulUint4 / MatMulInt4 (fp32 activations, Quark's exact decode; cpu, custom_ops library)
+INT4_LINEAR_FORMS = ("matmul_nbits", "compact")
+COMPACT_IO = ("fp32", "fp16")
 SIGNED = {"int4": True, "uint4": False, "int8": True, "uint8": False}
 
 
@@ -182,6 +186,9 @@ class IntWeightOnly(Scheme):
                     f"{'per-axis' if w.qscheme == 'per_channel' else f'block_size={g}'}) -> MatMul "
                     f"({ep.name} has no {BITS[w.dtype]}-bit MatMulNBits)")
         bs = block_size_for(g, plan.in_features, plan.name)
+        if cls._compact(plan, ep):
+            return (f"com.quark_onnx {cls.custom_op(plan, ep)} block_size={bs} on MatMulNBits' 4-bit bytes (fp32 "
+                    "activations, exact; int4_linear=compact, + function fallback)")
         return (f"MatMulNBits bits={BITS[w.dtype]} block_size={bs}"
                 f"{' (per-channel scale replicated)' if w.qscheme == 'per_channel' else ''}"
                 f"{' (signed, shifted by 2^(bits-1))' if SIGNED[w.dtype] else ''}")
@@ -192,7 +199,19 @@ class IntWeightOnly(Scheme):
         w = plan.spec.weight[0]
         if BITS[w.dtype] not in ep.matmul_nbits_bits:
             return None
-        return (cls.name, w.dtype, cls._group_size(plan), plan.in_features)
+        return (cls.name, w.dtype, cls._group_size(plan), plan.in_features, cls._compact(plan, ep))
+
+    @staticmethod
+    def _compact(plan: LinearPlan, ep, io: str | None = None) -> bool:
+        """int4_linear=compact applies: a 4-bit weight MatMulNBits would take, an io dtype the op takes."""
+        return (getattr(ep, "int4_linear", "matmul_nbits") == "compact" and BITS[plan.spec.weight[0].dtype] == 4
+                and 4 in ep.matmul_nbits_bits and io in (None, *COMPACT_IO))
+
+    @classmethod
+    def custom_op(cls, plan: LinearPlan, ep, io: str | None = None) -> str | None:
+        if not cls._compact(plan, ep, io):
+            return None
+        return "MatMulUint4" if plan.spec.weight[0].dtype == "uint4" else "MatMulInt4"
 
     @classmethod
     def _streamable(cls, ctx, plan: LinearPlan) -> bool:
@@ -228,6 +247,9 @@ class IntWeightOnly(Scheme):
         scale, zp = np.concatenate(scales), np.concatenate(zps)
         gb = ctx.graph
         scale_b = np.repeat(scale, rep, axis=1)[:, :k_blocks]
+        if cls._compact(first, ctx.ep, ctx.io):
+            return emit_int4_compact(ctx, name, node_name, x, b, scale_b, np.repeat(zp, rep, axis=1)[:, :k_blocks],
+                                     k, len(zp), bs)
         inputs = [x, b, gb.initializer(f"{name}.MatMulNBits.scales", scale_b.astype(ctx.io_np).reshape(-1))]
         if np.any(zp != 8):
             zp_b = np.repeat(zp, rep, axis=1)[:, :k_blocks]
@@ -246,17 +268,18 @@ class IntWeightOnly(Scheme):
         first = parts[0]
         fused = IntWeight(np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts]),
                           np.concatenate([p.zp for p in parts]), first.bits, first.signed, first.group_size)
-        return cls._emit_matmul_nbits(ctx, fused, fused_name, f"{fused_prefix}/MatMulNBits", x)
+        return cls._emit_matmul_nbits(ctx, fused, fused_name, f"{fused_prefix}/MatMulNBits", x, plans[0])
 
     @classmethod
-    def _emit_matmul_nbits(cls, ctx, iw: IntWeight, name: str, node_name: str, x: str) -> str:
+    def _emit_matmul_nbits(cls, ctx, iw: IntWeight, name: str, node_name: str, x: str, plan=None) -> str:
         u, zpu = iw.to_unsigned()
         acc = ctx.options.accuracy_level
         if acc is None:
             acc = ctx.ep.default_accuracy_level(iw.bits)
+        compact = plan is not None and cls._compact(plan, ctx.ep, ctx.io)
         return emit_matmul_nbits(ctx, name, node_name, x, u, iw.scale,
                                  zpu if (iw.signed is False or np.any(iw.zp != 0)) else None,
-                                 iw.bits, iw.group_size, acc)
+                                 iw.bits, iw.group_size, acc, compact=compact)
 
     @classmethod
     def emit(cls, ctx, plan: LinearPlan, x: str) -> str:
@@ -265,7 +288,7 @@ class IntWeightOnly(Scheme):
         iw = cls.load(plan, ctx.ckpt, ctx.quant.export.pack_method)
         if iw.bits not in ctx.ep.matmul_nbits_bits:
             return _emit_dequantize_matmul(ctx, plan, x, iw)
-        return cls._emit_matmul_nbits(ctx, iw, plan.name, f"{plan.node_prefix}/MatMulNBits", x)
+        return cls._emit_matmul_nbits(ctx, iw, plan.name, f"{plan.node_prefix}/MatMulNBits", x, plan)
 
 
 def _emit_dequantize_matmul(ctx, plan: LinearPlan, x: str, iw: IntWeight) -> str:

@@ -30,7 +30,10 @@ constexpr uint32_t kOrtApiVersionParallelFor = 17;  // KernelContext_ParallelFor
 const OrtApi* g_api = nullptr;
 bool g_has_parallel_for = false;
 
-enum class OpKind { kMxfp4, kFp8, kFp8Dyn, kBf16, kFp8Weight, kInt8, kNvfp4 };  // each on CPU, and CUDA when built
+enum class OpKind { kMxfp4, kFp8, kFp8Dyn, kBf16, kFp8Weight, kInt8, kNvfp4,  // each on CPU, and CUDA when built
+                    kUint4, kInt4 };  // CPU only (qo_cpu_int4.c)
+
+bool IsInt4(OpKind kind) { return kind == OpKind::kUint4 || kind == OpKind::kInt4; }
 
 struct QoCustomOp : OrtCustomOp {
   OpKind kind;
@@ -44,6 +47,7 @@ struct QoKernel {
   bool gpu;
   int64_t attr_k = -1;  // MatMulMxfp4 / MatMulNvfp4 attributes, checked against the tensors
   int64_t attr_n = -1;
+  int64_t attr_block = -1;  // MatMulUint4 / MatMulInt4
 };
 
 OrtStatus* Error(const std::string& message) {
@@ -149,6 +153,8 @@ int RunCpu(const QoKernel& k, OrtKernelContext* context, const void* a, const vo
                                           (u16*)y, M, N, K)
                     : qo_matmul_nvfp4_f32((const float*)a, (const uint8_t*)b, (const uint8_t*)b_scale, *a_scale,
                                           (float*)y, M, N, K);
+    case OpKind::kUint4:
+    case OpKind::kInt4: break;  // ComputeInt4
   }
   (void)b_scale; (void)b_scale_count; (void)a_scale;
 #else
@@ -202,6 +208,8 @@ int RunGpu(const QoKernel& k, const void* a, const void* b, const void* b_scale,
                                               *a_scale_device, (u16*)y, M, N, K, stream)
                     : qo_gpu_matmul_nvfp4_f32((const float*)a, (const uint8_t*)b, (const uint8_t*)b_scale,
                                               *a_scale_device, (float*)y, M, N, K, stream);
+    case OpKind::kUint4:
+    case OpKind::kInt4: break;  // CPU only
   }
 #else
   (void)k; (void)a; (void)b; (void)b_scale; (void)b_scale_count; (void)a_scale_device; (void)y; (void)M; (void)N;
@@ -210,8 +218,49 @@ int RunGpu(const QoKernel& k, const void* a, const void* b, const void* b_scale,
   return QO_ERR_ARGUMENT;
 }
 
+// MatMulUint4 (A, B, scales, zero_points) / MatMulInt4 (A, B, scales; zero point 8): MatMulNBits' 4-bit layout.
+OrtStatus* ComputeInt4(const QoKernel& k, OrtKernelContext* context) {
+  const char* name = k.kind == OpKind::kUint4 ? "MatMulUint4" : "MatMulInt4";
+  TensorView a, b, scales, zp;
+  const void *a_data = nullptr, *b_data = nullptr, *s_data = nullptr, *zp_data = nullptr;
+  QO_RETURN_IF_ERROR(Input(context, 0, &a, &a_data));
+  QO_RETURN_IF_ERROR(Input(context, 1, &b, &b_data));
+  QO_RETURN_IF_ERROR(Input(context, 2, &scales, &s_data));
+  if (k.kind == OpKind::kUint4) QO_RETURN_IF_ERROR(Input(context, 3, &zp, &zp_data));
+  if (a.shape.empty()) return Error(std::string(name) + ": A must have rank >= 1");
+  const int64_t K = a.shape.back(), N = k.attr_n, bs = k.attr_block;
+  if (K != k.attr_k) return Error(std::string(name) + ": A's last dimension is not the attribute K");
+  if (bs < 16 || (bs & (bs - 1))) return Error(std::string(name) + ": block_size must be a power of two >= 16");
+  const int64_t k_blocks = (K + bs - 1) / bs;
+  if (b.shape.size() != 3 || b.shape[0] != N || b.shape[1] != k_blocks || b.shape[2] != bs / 2)
+    return Error(std::string(name) + ": B must be [N, ceil(K / block_size), block_size / 2]");
+  if (scales.elements() != N * k_blocks) return Error(std::string(name) + ": scales must hold N * ceil(K / block_size)");
+  if (k.kind == OpKind::kUint4 && zp.elements() != N * ((k_blocks + 1) / 2))
+    return Error(std::string(name) + ": zero_points must hold N * ceil(ceil(K / block_size) / 2) bytes");
+  const int64_t M = K > 0 ? a.elements() / K : 0;
+  std::vector<int64_t> y_shape = a.shape;
+  y_shape.back() = N;
+  OrtValue* y = nullptr;
+  QO_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, y_shape.data(), y_shape.size(), &y));
+  void* y_data = nullptr;
+  QO_RETURN_IF_ERROR(g_api->GetTensorMutableData(y, &y_data));
+  if (M == 0 || N == 0) return nullptr;
+  int status = QO_ERR_ARGUMENT;
+#if defined(QO_WITH_CPU)
+  ScopedOrtRunner runner(context);
+  const uint8_t* z = static_cast<const uint8_t*>(zp_data);
+  status = k.half ? qo_matmul_int4_f16((const uint16_t*)a_data, (const uint8_t*)b_data, (const float*)s_data, z,
+                                       (uint16_t*)y_data, M, N, K, bs)
+                  : qo_matmul_int4_f32((const float*)a_data, (const uint8_t*)b_data, (const float*)s_data, z,
+                                       (float*)y_data, M, N, K, bs);
+#endif
+  if (status != QO_OK) return Error(std::string(name) + ": kernel failed with status " + std::to_string(status));
+  return nullptr;
+}
+
 OrtStatus* ORT_API_CALL Compute(void* op_kernel, OrtKernelContext* context) {
   const QoKernel& k = *static_cast<const QoKernel*>(op_kernel);
+  if (IsInt4(k.kind)) return ComputeInt4(k, context);
   TensorView a, b, b_scale, a_scale;
   const void *a_data = nullptr, *b_data = nullptr, *b_scale_data = nullptr, *a_scale_data = nullptr;
   QO_RETURN_IF_ERROR(Input(context, 0, &a, &a_data));
@@ -280,9 +329,10 @@ OrtStatus* ORT_API_CALL CreateKernel(const OrtCustomOp* op, const OrtApi* api, c
   const QoCustomOp* qo = static_cast<const QoCustomOp*>(op);
   QoKernel* k = new (std::nothrow) QoKernel{qo->kind, qo->a_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, qo->gpu};
   if (!k) return api->CreateStatus(ORT_FAIL, "com.quark_onnx: out of memory");
-  if (qo->kind == OpKind::kMxfp4 || qo->kind == OpKind::kNvfp4) {
+  if (qo->kind == OpKind::kMxfp4 || qo->kind == OpKind::kNvfp4 || IsInt4(qo->kind)) {
     OrtStatus* status = api->KernelInfoGetAttribute_int64(info, "K", &k->attr_k);
     if (!status) status = api->KernelInfoGetAttribute_int64(info, "N", &k->attr_n);
+    if (!status && IsInt4(qo->kind)) status = api->KernelInfoGetAttribute_int64(info, "block_size", &k->attr_block);
     if (status) {  // attributes are required by the op definition
       delete k;
       return status;
@@ -301,6 +351,8 @@ const char* ORT_API_CALL GetName(const OrtCustomOp* op) {
     case OpKind::kFp8Weight: return "MatMulFp8";
     case OpKind::kInt8: return "MatMulInt8";
     case OpKind::kNvfp4: return "MatMulNvfp4";
+    case OpKind::kUint4: return "MatMulUint4";
+    case OpKind::kInt4: return "MatMulInt4";
   }
   return "";
 }
@@ -312,7 +364,8 @@ const char* ORT_API_CALL GetProvider(const OrtCustomOp* op) {
 size_t ORT_API_CALL GetInputTypeCount(const OrtCustomOp* op) {
   switch (static_cast<const QoCustomOp*>(op)->kind) {
     case OpKind::kFp8:
-    case OpKind::kNvfp4: return 4;
+    case OpKind::kNvfp4:
+    case OpKind::kUint4: return 4;
     case OpKind::kBf16: return 2;
     default: return 3;
   }
@@ -322,6 +375,7 @@ ONNXTensorElementDataType ORT_API_CALL GetInputType(const OrtCustomOp* op, size_
   const QoCustomOp* qo = static_cast<const QoCustomOp*>(op);
   if (index == 0) return qo->a_type;
   if (qo->kind == OpKind::kMxfp4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;  // B, B_scale
+  if (IsInt4(qo->kind)) return index == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
   if (qo->kind == OpKind::kBf16) return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
   if (qo->kind == OpKind::kInt8) return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   if (qo->kind == OpKind::kNvfp4) {  // B uint8, B_scale e4m3fn, B_scale_2 float
@@ -393,9 +447,9 @@ std::vector<QoCustomOp>& AllOps() {
 #endif
     for (bool gpu : providers)
       for (OpKind kind : {OpKind::kMxfp4, OpKind::kFp8, OpKind::kFp8Dyn, OpKind::kBf16, OpKind::kFp8Weight,
-                          OpKind::kInt8, OpKind::kNvfp4})
+                          OpKind::kInt8, OpKind::kNvfp4, OpKind::kUint4, OpKind::kInt4})
         for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16})
-          list.push_back(MakeOp(kind, t, gpu));
+          if (!(gpu && IsInt4(kind))) list.push_back(MakeOp(kind, t, gpu));
     return list;
   }();
   return ops;

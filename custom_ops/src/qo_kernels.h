@@ -74,6 +74,14 @@ QO_API int qo_matmul_nvfp4_f32(const float* A, const uint8_t* B, const uint8_t* 
                                int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_nvfp4_f16(const uint16_t* A, const uint8_t* B, const uint8_t* B_scale, float B_scale_2,
                                uint16_t* Y, int64_t M, int64_t N, int64_t K);
+/* INT4 / UINT4 per group (qo_cpu_int4.c, which documents the layout and the summation order): B uint8
+ * [N, ceil(K/block), block/2] (MatMulNBits' layout, even k in the low nibble), scales float [N, ceil(K/block)],
+ * zero_points uint8 [N, ceil(ceil(K/block)/2)] packed uint4 or NULL (8); W = ((float)q - (float)z) * scale, rounded
+ * once (Quark's dequantization); block a power of two >= 16. */
+QO_API int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* scales, const uint8_t* zero_points,
+                              float* Y, int64_t M, int64_t N, int64_t K, int64_t block_size);
+QO_API int qo_matmul_int4_f16(const uint16_t* A, const uint8_t* B, const float* scales, const uint8_t* zero_points,
+                              uint16_t* Y, int64_t M, int64_t N, int64_t K, int64_t block_size);
 QO_API int qo_matmul_bf16_f32(const float* A, const uint16_t* B, float* Y, int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_t M, int64_t N, int64_t K);
 

@@ -1,0 +1,628 @@
+/* CPU kernel of com.quark_onnx MatMulInt4 / MatMulUint4: the exact form of a Quark uint4 / int4 per-group weight.
+ *
+ *   Y[m][n] = sum_k A[m][k] * W[n][k],   W[n][k] = float32((float)(q[n][k] - z[n][b]) * s[n][b]),  b = k / block
+ *
+ * i.e. the weight decoded exactly as Quark's dequantizer does ((q - z) * s in float32: q - z is a small integer,
+ * exact in float32, times the group's float32 scale, rounded once), fp32 activations, fp32 accumulation. No
+ * activation quantization (that is MatMulNBits accuracy_level 4's int8 path, which this replaces where exactness
+ * matters).
+ *
+ * Weight layout: MatMulNBits' own bytes (onnxruntime contrib_ops MatMulNBits schema, bits = 4), so the graph keeps
+ * the initializers the MatMulNBits form writes:
+ *   B            uint8 [N, k_blocks, block/2]: element k of row n in byte k/2 of the row, even k in the low nibble;
+ *                K is padded with zero nibbles to k_blocks * block.
+ *   scales       float32 [N * k_blocks] (row-major [N, k_blocks]).
+ *   zero_points  uint8 [N, ceil(k_blocks / 2)] packed uint4 (block 2j in the low nibble), or NULL: z = 8 (a
+ *                symmetric int4 weight stored as q + 8, as MatMulNBits stores it).
+ *
+ * ONE summation order on every CPU (portable C, AVX2+FMA, AVX-512; every M, every thread count, every tile), 32
+ * lanes: lane j accumulates a[k] * w[k] for k = j (mod 32) in increasing k, each step one fmaf from +0; elements of
+ * the last block past K (zero nibbles) are included with a = 0, which leaves every lane unchanged (a lane is never
+ * -0, and a finite w times 0 is a zero). The lanes fold as: even lanes e[p] = l[2p] and odd lanes o[p] = l[2p+1]
+ * (p < 16) each by halves, x[p] += x[p + h] for h = 8, 4, 2, 1, then e + o. (The SIMD paths hold the 16 even
+ * lanes in one vector and the 16 odd ones in another: the low and the high nibbles of 16 bytes.)
+ *
+ * Paths: M <= 4 (decode): a GEMV straight from the packed weight, nibbles decoded in registers (AVX-512: one
+ * permute of a 16-entry table (c - z) * s per group; AVX2: convert, subtract, multiply). M > 4 (prefill): each task
+ * decodes its weight rows once to float32 (the same exact values) and runs register tiles of activation rows x
+ * weight rows over them. block % 32 != 0 (block 16) runs the portable path. Work is split over weight-row blocks
+ * through qo_cpu_parallel_for (ORT's intra-op pool under ORT, OpenMP otherwise). Compiled with -ffp-contract=off. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qo_fp_formats.h"
+#include "qo_kernels.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(QO_NO_CLONES) && \
+    !defined(QO_PORTABLE_ONLY)
+#define QO_I4_X86 1
+#include <immintrin.h>
+#else
+#define QO_I4_X86 0
+#endif
+
+#define I4_LANES 32
+#define I4_GEMV_MAX_M 4
+#define I4_GEMV_ROWS 16   /* weight rows per task, M <= 4 */
+#ifndef I4_PANEL_ROWS
+#define I4_PANEL_ROWS 16 /* weight rows per task, M > 4 (decoded to float32 one K block at a time) */
+#endif
+#ifndef I4_PREFETCH
+#define I4_PREFETCH 1024  /* GEMV: bytes ahead of each weight row's read, prefetched (more misses in flight) */
+#endif
+#ifndef I4_KC
+#define I4_KC 1024 /* K block of the prefill tiles (partial sums kept between blocks) */
+#endif
+#ifndef I4_MR
+#define I4_MR 2 /* activation rows per AVX-512 tile (measured: 2 x 4 beats 4 x 3, 3 x 3) */
+#endif
+#ifndef I4_NR
+#define I4_NR 4 /* weight rows per AVX-512 tile */
+#endif
+
+
+#if defined(_MSC_VER)
+#define I4_TLS __declspec(thread)
+#else
+#define I4_TLS __thread
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define I4_INLINE static inline __attribute__((always_inline))
+#else
+#define I4_INLINE static inline
+#endif
+
+enum { I4_PORTABLE = 0, I4_AVX2 = 1, I4_AVX512 = 2 };
+
+typedef struct {
+  const float* A;        /* [M, K] */
+  const float* ad;       /* SIMD paths: A per 32-chunk as [16 even k | 16 odd k], zero past K; [M, Kc] */
+  const uint8_t* B;
+  const float* scales;
+  const uint8_t* zp;     /* NULL: 8 */
+  float* Y;
+  int64_t M, N, K, Kc;   /* Kc: K rounded up to 32 (SIMD) */
+  int64_t n0;            /* prefill tiles: the task's first weight row */
+  int64_t block, k_blocks, row_bytes, zp_row_bytes, rows_per_task;
+  int path;
+  volatile int failed;
+} i4_job;
+
+static inline int zero_point(const i4_job* j, int64_t n, int64_t b) {
+  if (!j->zp) return 8;
+  const uint8_t byte = j->zp[n * j->zp_row_bytes + (b >> 1)];
+  return (b & 1) ? (byte >> 4) : (byte & 0x0F);
+}
+
+static inline float decode_one(const i4_job* j, int64_t n, int64_t k) {
+  const int64_t b = k / j->block;
+  const uint8_t byte = j->B[n * j->row_bytes + (k >> 1)];
+  const int q = (k & 1) ? (byte >> 4) : (byte & 0x0F);
+  return (float)(q - zero_point(j, n, b)) * j->scales[n * j->k_blocks + b];
+}
+
+/* the fold of the 32 lanes: evens and odds by halves, then their sum */
+static inline float fold32(const float* l) {
+  float e[16], o[16];
+  for (int p = 0; p < 16; ++p) {
+    e[p] = l[2 * p];
+    o[p] = l[2 * p + 1];
+  }
+  for (int h = 8; h >= 1; h >>= 1)
+    for (int p = 0; p < h; ++p) {
+      e[p] = e[p] + e[p + h];
+      o[p] = o[p] + o[p + h];
+    }
+  return e[0] + o[0];
+}
+
+/* ---------------- portable C ---------------- */
+static I4_TLS float* tls_buf = NULL;
+static I4_TLS size_t tls_buf_floats = 0;
+
+static float* tls_grow(size_t want) {
+  if (tls_buf_floats < want) {
+    float* grown = (float*)realloc(tls_buf, sizeof(float) * want + 128);
+    if (!grown) return NULL;
+    tls_buf = grown;
+    tls_buf_floats = want;
+  }
+  return tls_buf;
+}
+
+static void portable_task(i4_job* j, int64_t n0, int64_t n1) {
+  const int64_t Kp = j->k_blocks * j->block; /* every element of the stored blocks (a = 0 past K) */
+  float* w = tls_grow((size_t)Kp);
+  if (!w) {
+    j->failed = 1;
+    return;
+  }
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t k = 0; k < Kp; ++k) w[k] = decode_one(j, n, k);
+    for (int64_t m = 0; m < j->M; ++m) {
+      const float* a = j->A + m * j->K;
+      float l[I4_LANES];
+      for (int i = 0; i < I4_LANES; ++i) l[i] = 0.0f;
+      for (int64_t k = 0; k < Kp; ++k) l[k & 31] = fmaf(k < j->K ? a[k] : 0.0f, w[k], l[k & 31]);
+      j->Y[m * j->N + n] = fold32(l);
+    }
+  }
+}
+
+/* A [M, K] -> per 32-chunk [a[32c + 2p], p < 16 | a[32c + 2p + 1], p < 16], zero past K; in K blocks of kb
+ * columns, block after block, each [M, its width] (the rows of one block contiguous: no cache-set aliasing at a
+ * large K). kb >= Kc: plain [M, Kc]. */
+static void deinterleave_a(const float* A, int64_t M, int64_t K, int64_t Kc, int64_t kb, float* out) {
+  for (int64_t k0 = 0; k0 < Kc; k0 += kb) {
+    const int64_t kc = Kc - k0 < kb ? Kc - k0 : kb;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* a = A + m * K;
+      float* d = out + k0 * M + m * kc - k0;
+      for (int64_t c = k0; c < k0 + kc; c += 32)
+        for (int p = 0; p < 16; ++p) {
+          const int64_t ke = c + 2 * p, ko = ke + 1;
+          d[c + p] = ke < K ? a[ke] : 0.0f;
+          d[c + 16 + p] = ko < K ? a[ko] : 0.0f;
+        }
+    }
+  }
+}
+
+#if QO_I4_X86
+/* ================= AVX2 + FMA ================= */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+
+/* the fold on vectors (lane for lane the same additions as fold32) */
+static inline __m128 fold8_avx2(__m256 x) { /* x[p] (p < 8) -> x[0..3] + x[4..7] -> ... -> lane 0 */
+  __m128 v = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  return _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
+}
+
+static inline float fold_avx2(__m256 e0, __m256 e1, __m256 o0, __m256 o1) {
+  const __m128 e = fold8_avx2(_mm256_add_ps(e0, e1)), o = fold8_avx2(_mm256_add_ps(o0, o1));
+  return _mm_cvtss_f32(_mm_add_ss(e, o));
+}
+
+/* 32 elements of one row (16 bytes) -> [e0 e1 | o0 o1], exact: ((float)q - (float)z) * s */
+I4_INLINE void decode32_avx2(const uint8_t* bytes, __m256 zf, __m256 s, __m256* e0, __m256* e1, __m256* o0,
+                             __m256* o1) {
+  const __m128i raw = _mm_loadu_si128((const __m128i*)bytes);
+  const __m256i b0 = _mm256_cvtepu8_epi32(raw);
+  const __m256i b1 = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));
+  const __m256i lo = _mm256_set1_epi32(0x0F);
+  *e0 = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b0, lo)), zf), s);
+  *e1 = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b1, lo)), zf), s);
+  *o0 = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), zf), s);
+  *o1 = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4)), zf), s);
+}
+
+/* GEMV: R weight rows x MM activation rows, 4 accumulators each */
+I4_INLINE void gemv_avx2_rows(const i4_job* j, int64_t n, const int R, const int MM) {
+  __m256 acc[4][4][4]; /* [r][m][e0 e1 o0 o1] */
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MM; ++m)
+      for (int v = 0; v < 4; ++v) acc[r][m][v] = _mm256_setzero_ps();
+  const int64_t chunks = j->block / 32;
+  for (int64_t b = 0; b < j->k_blocks; ++b) {
+    __m256 zf[4], s[4];
+    for (int r = 0; r < R; ++r) {
+      zf[r] = _mm256_set1_ps((float)zero_point(j, n + r, b));
+      s[r] = _mm256_set1_ps(j->scales[(n + r) * j->k_blocks + b]);
+    }
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t k = b * j->block + c * 32;
+      for (int r = 0; r < R; ++r) {
+        __m256 w[4];
+        const uint8_t* src = j->B + (n + r) * j->row_bytes + k / 2;
+        if ((k & 127) == 0) _mm_prefetch((const char*)src + I4_PREFETCH, _MM_HINT_T0);
+        decode32_avx2(src, zf[r], s[r], &w[0], &w[1], &w[2], &w[3]);
+        for (int m = 0; m < MM; ++m) {
+          const float* a = j->ad + m * j->Kc + k;
+          acc[r][m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a), w[0], acc[r][m][0]);
+          acc[r][m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8), w[1], acc[r][m][1]);
+          acc[r][m][2] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 16), w[2], acc[r][m][2]);
+          acc[r][m][3] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 24), w[3], acc[r][m][3]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MM; ++m)
+      j->Y[m * j->N + n + r] = fold_avx2(acc[r][m][0], acc[r][m][1], acc[r][m][2], acc[r][m][3]);
+}
+
+static void gemv_avx2_task(i4_job* j, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  switch (j->M) {
+    case 1:
+      for (; n + 4 <= n1; n += 4) gemv_avx2_rows(j, n, 4, 1);
+      for (; n < n1; ++n) gemv_avx2_rows(j, n, 1, 1);
+      break;
+    case 2:
+      for (; n + 2 <= n1; n += 2) gemv_avx2_rows(j, n, 2, 2);
+      for (; n < n1; ++n) gemv_avx2_rows(j, n, 1, 2);
+      break;
+    case 3:
+      for (; n < n1; ++n) gemv_avx2_rows(j, n, 1, 3);
+      break;
+    default:
+      for (; n < n1; ++n) gemv_avx2_rows(j, n, 1, 4);
+      break;
+  }
+}
+
+/* decoded weights of rows n0.. (rows of them), k in [k0, k0 + kc), in the A layout (per 32-chunk: evens, odds) */
+static void decode_block_avx2(const i4_job* j, int64_t n0, int64_t rows, int64_t k0, int64_t kc, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = n0 + r;
+    int64_t b = -1;
+    __m256 zf = _mm256_setzero_ps(), s = zf;
+    for (int64_t k = k0; k < k0 + kc; k += 32) {
+      if (k / j->block != b) {
+        b = k / j->block;
+        zf = _mm256_set1_ps((float)zero_point(j, n, b));
+        s = _mm256_set1_ps(j->scales[n * j->k_blocks + b]);
+      }
+      __m256 w0, w1, w2, w3;
+      decode32_avx2(j->B + n * j->row_bytes + k / 2, zf, s, &w0, &w1, &w2, &w3);
+      float* d = out + r * I4_KC + (k - k0);
+      _mm256_storeu_ps(d, w0);
+      _mm256_storeu_ps(d + 8, w1);
+      _mm256_storeu_ps(d + 16, w2);
+      _mm256_storeu_ps(d + 24, w3);
+    }
+  }
+}
+
+/* MR activation rows x NR weight rows over one K block, lanes 16 * half .. 16 * half + 15 of each output (the
+ * lanes are independent: the even and the odd halves run as two passes), partial sums in part[m][r][32] */
+I4_INLINE void tile_avx2(const i4_job* j, const float* w, float* part, int64_t rows, int64_t m, int64_t r0,
+                         int64_t k0, int64_t kc, int half, const int MR, const int NR) {
+  __m256 acc[3][2][2];
+  for (int a = 0; a < MR; ++a)
+    for (int r = 0; r < NR; ++r) {
+      const float* p = part + ((m + a) * rows + r0 + r) * I4_LANES + 16 * half;
+      acc[a][r][0] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(p);
+      acc[a][r][1] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(p + 8);
+    }
+  const float* ap = j->ad + k0 * j->M + m * kc + 16 * half; /* the K block's [M, kc] */
+  const float* wp = w + r0 * I4_KC + 16 * half;
+  for (int64_t k = 0; k < kc; k += 32)
+    for (int v = 0; v < 2; ++v) {
+      __m256 wv[2];
+      for (int r = 0; r < NR; ++r) wv[r] = _mm256_loadu_ps(wp + r * I4_KC + k + 8 * v);
+      for (int a = 0; a < MR; ++a) {
+        const __m256 av = _mm256_loadu_ps(ap + a * kc + k + 8 * v);
+        for (int r = 0; r < NR; ++r) acc[a][r][v] = _mm256_fmadd_ps(av, wv[r], acc[a][r][v]);
+      }
+    }
+  for (int a = 0; a < MR; ++a)
+    for (int r = 0; r < NR; ++r) {
+      float* p = part + ((m + a) * rows + r0 + r) * I4_LANES + 16 * half;
+      _mm256_storeu_ps(p, acc[a][r][0]);
+      _mm256_storeu_ps(p + 8, acc[a][r][1]);
+    }
+}
+
+static void panel_avx2_task(i4_job* j, int64_t n0, int64_t n1) {
+  const int64_t rows = n1 - n0;
+  float* buf = tls_grow((size_t)(rows * I4_KC + j->M * rows * I4_LANES + 16));
+  if (!buf) {
+    j->failed = 1;
+    return;
+  }
+  float* w = (float*)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+  float* part = w + rows * I4_KC;
+  for (int64_t k0 = 0; k0 < j->Kc; k0 += I4_KC) {
+    const int64_t kc = j->Kc - k0 < I4_KC ? j->Kc - k0 : I4_KC;
+    decode_block_avx2(j, n0, rows, k0, kc, w);
+    for (int64_t m = 0; m < j->M; m += 3) {
+      const int mr = j->M - m >= 3 ? 3 : (int)(j->M - m);
+      for (int64_t r = 0; r < rows; r += 2)
+        for (int half = 0; half < 2; ++half) {
+          if (r + 2 <= rows) {
+            if (mr == 3) tile_avx2(j, w, part, rows, m, r, k0, kc, half, 3, 2);
+            else if (mr == 2) tile_avx2(j, w, part, rows, m, r, k0, kc, half, 2, 2);
+            else tile_avx2(j, w, part, rows, m, r, k0, kc, half, 1, 2);
+          } else {
+            if (mr == 3) tile_avx2(j, w, part, rows, m, r, k0, kc, half, 3, 1);
+            else if (mr == 2) tile_avx2(j, w, part, rows, m, r, k0, kc, half, 2, 1);
+            else tile_avx2(j, w, part, rows, m, r, k0, kc, half, 1, 1);
+          }
+        }
+    }
+  }
+  for (int64_t m = 0; m < j->M; ++m)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* p = part + (m * rows + r) * I4_LANES;
+      j->Y[m * j->N + n0 + r] = fold_avx2(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), _mm256_loadu_ps(p + 16),
+                                          _mm256_loadu_ps(p + 24));
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+/* ================= AVX-512 (F + BW + VL + DQ) ================= */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+#endif
+
+static inline float fold_avx512(__m512 e, __m512 o) {
+  const __m256 e8 = _mm256_add_ps(_mm512_castps512_ps256(e), _mm512_extractf32x8_ps(e, 1));
+  const __m256 o8 = _mm256_add_ps(_mm512_castps512_ps256(o), _mm512_extractf32x8_ps(o, 1));
+  return _mm_cvtss_f32(_mm_add_ss(fold8_avx2(e8), fold8_avx2(o8)));
+}
+
+/* the 16 decoded values of a group: T[c] = ((float)c - (float)z) * s */
+I4_INLINE __m512 group_table(int z, float s) {
+  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps((float)z)), _mm512_set1_ps(s));
+}
+
+I4_INLINE void gemv_avx512_rows(const i4_job* j, int64_t n, const int R, const int MM) {
+  __m512 acc[4][4][2]; /* [r][m][even, odd] */
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MM; ++m) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
+  const int64_t chunks = j->block / 32;
+  for (int64_t b = 0; b < j->k_blocks; ++b) {
+    __m512 t[4];
+    for (int r = 0; r < R; ++r) t[r] = group_table(zero_point(j, n + r, b), j->scales[(n + r) * j->k_blocks + b]);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t k = b * j->block + c * 32;
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* src = j->B + (n + r) * j->row_bytes + k / 2;
+        if ((k & 127) == 0) _mm_prefetch((const char*)src + I4_PREFETCH, _MM_HINT_T0);
+        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)src));
+        const __m512 we = _mm512_permutexvar_ps(idx, t[r]);  /* low 4 bits index: the low nibble */
+        const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t[r]);
+        for (int m = 0; m < MM; ++m) {
+          const float* a = j->ad + m * j->Kc + k;
+          acc[r][m][0] = _mm512_fmadd_ps(_mm512_loadu_ps(a), we, acc[r][m][0]);
+          acc[r][m][1] = _mm512_fmadd_ps(_mm512_loadu_ps(a + 16), wo, acc[r][m][1]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MM; ++m) j->Y[m * j->N + n + r] = fold_avx512(acc[r][m][0], acc[r][m][1]);
+}
+
+static void gemv_avx512_task(i4_job* j, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  switch (j->M) {
+    case 1:
+      for (; n + 4 <= n1; n += 4) gemv_avx512_rows(j, n, 4, 1);
+      for (; n < n1; ++n) gemv_avx512_rows(j, n, 1, 1);
+      break;
+    case 2:
+      for (; n + 4 <= n1; n += 4) gemv_avx512_rows(j, n, 4, 2);
+      for (; n < n1; ++n) gemv_avx512_rows(j, n, 1, 2);
+      break;
+    case 3:
+      for (; n + 2 <= n1; n += 2) gemv_avx512_rows(j, n, 2, 3);
+      for (; n < n1; ++n) gemv_avx512_rows(j, n, 1, 3);
+      break;
+    default:
+      for (; n + 2 <= n1; n += 2) gemv_avx512_rows(j, n, 2, 4);
+      for (; n < n1; ++n) gemv_avx512_rows(j, n, 1, 4);
+      break;
+  }
+}
+
+static void decode_block_avx512(const i4_job* j, int64_t n0, int64_t rows, int64_t k0, int64_t kc, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = n0 + r;
+    int64_t b = -1;
+    __m512 t = _mm512_setzero_ps();
+    for (int64_t k = k0; k < k0 + kc; k += 32) {
+      if (k / j->block != b) {
+        b = k / j->block;
+        t = group_table(zero_point(j, n, b), j->scales[n * j->k_blocks + b]);
+      }
+      const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(j->B + n * j->row_bytes + k / 2)));
+      float* d = out + r * I4_KC + (k - k0);
+      _mm512_storeu_ps(d, _mm512_permutexvar_ps(idx, t));
+      _mm512_storeu_ps(d + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t));
+    }
+  }
+}
+
+/* MR activation rows x NR weight rows over one K block; partial sums in part[m][r][32] between blocks */
+I4_INLINE void tile_avx512(const i4_job* j, const float* w, float* part, int64_t rows, int64_t m, int64_t r0,
+                           int64_t k0, int64_t kc, const int MR, const int NR) {
+  __m512 acc[I4_MR][I4_NR > 2 ? I4_NR : 2][2];
+  for (int a = 0; a < MR; ++a)
+    for (int r = 0; r < NR; ++r) {
+      const float* p = part + ((m + a) * rows + r0 + r) * I4_LANES;
+      acc[a][r][0] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(p);
+      acc[a][r][1] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(p + 16);
+    }
+  const float* ap = j->ad + k0 * j->M + m * kc; /* the K block's [M, kc] */
+  const float* wp = w + r0 * I4_KC;
+  for (int64_t k = 0; k < kc; k += 32) {
+    __m512 we[I4_NR > 2 ? I4_NR : 2], wo[I4_NR > 2 ? I4_NR : 2];
+    for (int r = 0; r < NR; ++r) {
+      we[r] = _mm512_loadu_ps(wp + r * I4_KC + k);
+      wo[r] = _mm512_loadu_ps(wp + r * I4_KC + k + 16);
+      /* each weight vector loaded once into a register (GCC would otherwise fold the load into every FMA) */
+      __asm__("" : "+v"(we[r]), "+v"(wo[r]));
+    }
+    for (int a = 0; a < MR; ++a) {
+      const __m512 ae = _mm512_loadu_ps(ap + a * kc + k);
+      const __m512 ao = _mm512_loadu_ps(ap + a * kc + k + 16);
+      for (int r = 0; r < NR; ++r) {
+        acc[a][r][0] = _mm512_fmadd_ps(ae, we[r], acc[a][r][0]);
+        acc[a][r][1] = _mm512_fmadd_ps(ao, wo[r], acc[a][r][1]);
+      }
+    }
+  }
+  const int last = k0 + kc >= j->Kc;
+  for (int a = 0; a < MR; ++a)
+    for (int r = 0; r < NR; ++r) {
+      if (last) {
+        j->Y[(m + a) * j->N + j->n0 + r0 + r] = fold_avx512(acc[a][r][0], acc[a][r][1]);
+      } else {
+        float* p = part + ((m + a) * rows + r0 + r) * I4_LANES;
+        _mm512_storeu_ps(p, acc[a][r][0]);
+        _mm512_storeu_ps(p + 16, acc[a][r][1]);
+      }
+    }
+}
+
+#define I4_TILE_M(NR)                                                                       \
+  do {                                                                                      \
+    int64_t m = 0;                                                                          \
+    for (; m + I4_MR <= j->M; m += I4_MR) tile_avx512(j, w, part, rows, m, r, k0, kc, I4_MR, NR); \
+    for (; m < j->M; ++m) tile_avx512(j, w, part, rows, m, r, k0, kc, 1, NR);               \
+  } while (0)
+
+static void panel_avx512_task(i4_job* j, int64_t n0, int64_t n1) {
+  const int64_t rows = n1 - n0;
+  float* buf = tls_grow((size_t)(rows * I4_KC + j->M * rows * I4_LANES + 16));
+  if (!buf) {
+    j->failed = 1;
+    return;
+  }
+  float* w = (float*)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+  float* part = w + rows * I4_KC;
+  i4_job local = *j; /* n0 for the tiles' output column */
+  local.n0 = n0;
+  j = &local;
+  for (int64_t k0 = 0; k0 < j->Kc; k0 += I4_KC) {
+    const int64_t kc = j->Kc - k0 < I4_KC ? j->Kc - k0 : I4_KC;
+    decode_block_avx512(j, n0, rows, k0, kc, w);
+    for (int64_t r = 0; r < rows;) {
+      if (rows - r >= I4_NR) {
+        I4_TILE_M(I4_NR);
+        r += I4_NR;
+      } else if (rows - r >= 2) {
+        I4_TILE_M(2);
+        r += 2;
+      } else {
+        I4_TILE_M(1);
+        r += 1;
+      }
+    }
+  }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif /* QO_I4_X86 */
+
+/* ---------------- dispatch ---------------- */
+static int pick_path(int64_t block) {
+  const char* force = getenv("QO_CPU_KERNELS"); /* portable | avx2 | (unset: the best the CPU has) */
+  if (block % 32 != 0 || (force && strcmp(force, "portable") == 0)) return I4_PORTABLE;
+#if QO_I4_X86
+  static int best = -1;
+  if (best < 0) {
+    __builtin_cpu_init();
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    best = avx512 ? I4_AVX512 : avx2 ? I4_AVX2 : I4_PORTABLE;
+  }
+  if (force && strcmp(force, "avx2") == 0) return best >= I4_AVX2 ? I4_AVX2 : I4_PORTABLE;
+  return best;
+#else
+  return I4_PORTABLE;
+#endif
+}
+
+static void i4_task(void* data, size_t t) {
+  i4_job* j = (i4_job*)data;
+  const int64_t n0 = (int64_t)t * j->rows_per_task;
+  const int64_t n1 = n0 + j->rows_per_task < j->N ? n0 + j->rows_per_task : j->N;
+#if QO_I4_X86
+  const int gemv = j->M <= I4_GEMV_MAX_M;
+  if (j->path == I4_AVX512) {
+    gemv ? gemv_avx512_task(j, n0, n1) : panel_avx512_task(j, n0, n1);
+    return;
+  }
+  if (j->path == I4_AVX2) {
+    gemv ? gemv_avx2_task(j, n0, n1) : panel_avx2_task(j, n0, n1);
+    return;
+  }
+#endif
+  portable_task(j, n0, n1);
+}
+
+int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* scales, const uint8_t* zero_points, float* Y,
+                       int64_t M, int64_t N, int64_t K, int64_t block_size) {
+  if (!A || !B || !scales || !Y || M < 0 || N < 0 || K < 0 || block_size < 16 || (block_size & (block_size - 1)))
+    return QO_ERR_ARGUMENT;
+  if (M == 0 || N == 0) return QO_OK;
+  i4_job j;
+  memset(&j, 0, sizeof j);
+  j.A = A;
+  j.B = B;
+  j.scales = scales;
+  j.zp = zero_points;
+  j.Y = Y;
+  j.M = M;
+  j.N = N;
+  j.K = K;
+  j.block = block_size;
+  j.k_blocks = (K + block_size - 1) / block_size;
+  j.row_bytes = j.k_blocks * block_size / 2;
+  j.zp_row_bytes = (j.k_blocks + 1) / 2;
+  j.Kc = (K + 31) / 32 * 32;
+  j.path = pick_path(block_size);
+  j.rows_per_task = M <= I4_GEMV_MAX_M ? I4_GEMV_ROWS : I4_PANEL_ROWS;
+  float* ad = NULL;
+  if (j.path != I4_PORTABLE) {
+    j.Kc = j.k_blocks * block_size; /* block % 32 == 0 here */
+    ad = (float*)malloc(sizeof(float) * (size_t)(M * j.Kc) + 64);
+    if (!ad) return QO_ERR_ALLOC;
+    deinterleave_a(A, M, K, j.Kc, M <= I4_GEMV_MAX_M ? j.Kc : I4_KC, ad);
+    j.ad = ad;
+  }
+  if (K == 0 || j.k_blocks == 0) {
+    for (int64_t i = 0; i < M * N; ++i) Y[i] = 0.0f;
+    free(ad);
+    return QO_OK;
+  }
+  const int64_t tasks = (N + j.rows_per_task - 1) / j.rows_per_task;
+  int status = qo_cpu_parallel_for(i4_task, (size_t)tasks, &j);
+  free(ad);
+  if (status == QO_OK && j.failed) status = QO_ERR_ALLOC;
+  return status;
+}
+
+int qo_matmul_int4_f16(const uint16_t* A, const uint8_t* B, const float* scales, const uint8_t* zero_points,
+                       uint16_t* Y, int64_t M, int64_t N, int64_t K, int64_t block_size) {
+  if (!A || !Y || M < 0 || N < 0 || K < 0) return QO_ERR_ARGUMENT;
+  float* a = (float*)malloc(sizeof(float) * (size_t)(M * K) + 4);
+  float* y = (float*)malloc(sizeof(float) * (size_t)(M * N) + 4);
+  int status = QO_ERR_ALLOC;
+  if (a && y) {
+    for (int64_t i = 0; i < M * K; ++i) a[i] = qo_f16_to_f32(A[i]);
+    status = qo_matmul_int4_f32(a, B, scales, zero_points, y, M, N, K, block_size);
+    if (status == QO_OK)
+      for (int64_t i = 0; i < M * N; ++i) Y[i] = qo_f32_to_f16(y[i]);
+  }
+  free(a);
+  free(y);
+  return status;
+}

@@ -1,0 +1,193 @@
+"""com.quark_onnx MatMulUint4 / MatMulInt4 CPU kernel (custom_ops/src/qo_cpu_int4.c) against a numpy decoding of the
+format written here: W[n, k] = float32((q - z) * s), q the nibble k of row n (even k in the low nibble of byte k/2
+of MatMulNBits' [N, k_blocks, bs/2] layout), z the packed uint4 zero point of its block (8 when absent).
+
+Exactness of the decode: a one-hot activation row returns one weight value, bit for bit. Exactness of the sum: the
+float64 product bounds the float32 result. Bit identity: portable C, AVX2 and AVX-512 paths, M = 1 against M = 3 and
+128, 1 and 2 threads (a subprocess per thread count)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from custom_ops import native
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_case(rng, n, k, bs, asym):
+    """Random uint4 codes, scales, zero points; packed the MatMulNBits way, written out here (not the builder's)."""
+    k_blocks = -(-k // bs)
+    q = rng.integers(0, 16, size=(n, k_blocks * bs), dtype=np.uint8)
+    q[:, k:] = 0  # padding past K is zero nibbles
+    s = (rng.standard_normal((n, k_blocks)) * 0.02).astype(np.float32)
+    z = rng.integers(0, 16, size=(n, k_blocks), dtype=np.uint8) if asym else np.full((n, k_blocks), 8, np.uint8)
+    b = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8).reshape(n, k_blocks, bs // 2)
+    zp = None
+    if asym:
+        zpad = np.concatenate([z, np.zeros((n, k_blocks % 2), np.uint8)], axis=1)
+        zp = (zpad[:, 0::2] | (zpad[:, 1::2] << 4)).astype(np.uint8)
+    # Quark: (q - z) * s in float32 (an integer times the float32 scale, one rounding)
+    w = ((q[:, :k].astype(np.float32) - np.repeat(z, bs, axis=1)[:, :k].astype(np.float32))
+         * np.repeat(s, bs, axis=1)[:, :k])
+    return b, s, zp, w.astype(np.float32)
+
+
+def check_close(y, a, w):
+    exact = a.astype(np.float64) @ w.astype(np.float64).T
+    bound = (np.abs(a).astype(np.float64) @ np.abs(w).astype(np.float64).T) * (a.shape[-1] + 2) * 2.0 ** -24
+    assert np.all(np.abs(y.astype(np.float64) - exact) <= bound + 1e-30)
+
+
+@pytest.mark.parametrize("bs", [32, 64, 128])
+@pytest.mark.parametrize("asym", [True, False])
+@pytest.mark.parametrize("m", [1, 3, 128])
+def test_int4_matches_numpy(bs, asym, m):
+    rng = np.random.default_rng(bs * 7 + m + asym)
+    n, k = 37, 3 * bs + 40 if bs > 32 else 200  # K and N not multiples of any tile; K padded to the block
+    b, s, zp, w = make_case(rng, n, k, bs, asym)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    y = native.matmul_int4(a, b, s, zp, k, bs)
+    check_close(y, a, w)
+    # the portable C path gives the same bits
+    os.environ["QO_CPU_KERNELS"] = "portable"
+    try:
+        y_portable = native.matmul_int4(a, b, s, zp, k, bs)
+    finally:
+        del os.environ["QO_CPU_KERNELS"]
+    np.testing.assert_array_equal(y.view(np.uint32), y_portable.view(np.uint32))
+    os.environ["QO_CPU_KERNELS"] = "avx2"
+    try:
+        y_avx2 = native.matmul_int4(a, b, s, zp, k, bs)
+    finally:
+        del os.environ["QO_CPU_KERNELS"]
+    np.testing.assert_array_equal(y.view(np.uint32), y_avx2.view(np.uint32))
+    # a row's result does not depend on M (GEMV at M <= 4, tiles at M > 4)
+    y1 = native.matmul_int4(a[:1], b, s, zp, k, bs)
+    np.testing.assert_array_equal(y[:1].view(np.uint32), y1.view(np.uint32))
+
+
+@pytest.mark.parametrize("bs", [16, 32, 128])
+@pytest.mark.parametrize("asym", [True, False])
+def test_int4_decode_is_exact(bs, asym):
+    """A one-hot row k returns W[:, k] exactly: every decoded weight equals numpy's float32 (q - z) * s."""
+    rng = np.random.default_rng(bs + asym)
+    n, k = 19, 2 * bs + 16
+    b, s, zp, w = make_case(rng, n, k, bs, asym)
+    for path in ("", "portable", "avx2"):
+        if path:
+            os.environ["QO_CPU_KERNELS"] = path
+        try:
+            y = native.matmul_int4(np.eye(k, dtype=np.float32), b, s, zp, k, bs)  # M = K: the tiled path
+            y3 = native.matmul_int4(np.eye(k, dtype=np.float32)[:3], b, s, zp, k, bs)  # GEMV
+        finally:
+            os.environ.pop("QO_CPU_KERNELS", None)
+        w0 = w + np.float32(0)  # a sum of +0 lanes: -0 weights come back +0
+        np.testing.assert_array_equal(y.T.view(np.uint32), w0.view(np.uint32))
+        np.testing.assert_array_equal(y3.T.view(np.uint32), w0[:, :3].view(np.uint32))
+
+
+def test_int4_block16_and_f16():
+    rng = np.random.default_rng(3)
+    n, k = 9, 48
+    b, s, zp, w = make_case(rng, n, k, 16, True)
+    a = rng.standard_normal((2, k)).astype(np.float32)
+    check_close(native.matmul_int4(a, b, s, zp, k, 16), a, w)
+    y16 = native.matmul_int4(a.astype(np.float16), b, s, zp, k, 16)
+    assert y16.dtype == np.float16
+    np.testing.assert_allclose(y16.astype(np.float32), a.astype(np.float16).astype(np.float32) @ w.T, rtol=2e-2,
+                               atol=2e-2)
+
+
+_THREADS_SCRIPT = """
+import json, sys, numpy as np
+sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
+from custom_ops import native
+from test_int4_custom_op import make_case
+rng = np.random.default_rng(11)
+out = {{}}
+for m in (1, 3, 128):
+    b, s, zp, w = make_case(rng, 300, 520, 64, True)
+    a = rng.standard_normal((m, 520)).astype(np.float32)
+    out[m] = native.matmul_int4(a, b, s, zp, 520, 64).view(np.uint32).tolist()
+print(json.dumps(out))
+"""
+
+
+def test_int4_bits_do_not_depend_on_threads():
+    script = _THREADS_SCRIPT.format(repo=str(REPO), tests=str(REPO / "tests"))
+    results = []
+    for threads in ("1", "2"):
+        env = dict(os.environ, OMP_NUM_THREADS=threads)
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        results.append(json.loads(out.stdout))
+    assert results[0] == results[1]
+
+
+def _single_node(op_type, n, k, bs, b, s, zp):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from custom_ops.functions import DOMAIN, function_proto
+
+    inits = [onnx.numpy_helper.from_array(b, "B"), onnx.numpy_helper.from_array(s.reshape(-1), "S")]
+    inputs = ["A", "B", "S"]
+    if zp is not None:
+        inits.append(onnx.numpy_helper.from_array(zp.reshape(-1), "Z"))
+        inputs.append("Z")
+    node = helper.make_node(op_type, inputs, ["Y"], domain=DOMAIN, K=k, N=n, block_size=bs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
+                              functions=[function_proto(op_type)])
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("asym", [True, False])
+@pytest.mark.parametrize("bs", [32, 128])
+def test_int4_function_fallback_and_ort_kernel(asym, bs):
+    """The ONNX-function body (no library) decodes the same weights; with the library ORT runs our kernel, whose bits
+    equal the native call's."""
+    import onnxruntime as ort
+
+    from custom_ops import ort_library
+
+    rng = np.random.default_rng(5 + bs)
+    n, k = 45, 3 * bs + 64 if bs == 32 else 2 * bs + 96  # K padded inside the last block
+    b, s, zp, w = make_case(rng, n, k, bs, asym)
+    a = rng.standard_normal((3, k)).astype(np.float32)
+    model = _single_node("MatMulUint4" if asym else "MatMulInt4", n, k, bs, b, s, zp)
+    y_fn = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"A": a})[0]
+    check_close(y_fn, a, w)
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(str(ort_library.build(log=lambda m: None)))
+    y_lib = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, {"A": a})[0]
+    np.testing.assert_array_equal(y_lib.view(np.uint32), native.matmul_int4(a, b, s, zp, k, bs).view(np.uint32))
+
+
+@pytest.mark.parametrize("bs", [32, 128])
+def test_int4_k_blocks_of_the_tiles(bs):
+    """K over the prefill tiles' K block (1024, partial sums kept between blocks), N over a task: the same bits on
+    every path and for M = 1 and M = 7."""
+    rng = np.random.default_rng(bs)
+    n, k = 53, 2 * 1024 + 3 * bs
+    b, s, zp, w = make_case(rng, n, k, bs, True)
+    a = rng.standard_normal((7, k)).astype(np.float32)
+    outs = []
+    for path in ("", "avx2", "portable"):
+        if path:
+            os.environ["QO_CPU_KERNELS"] = path
+        try:
+            outs.append((native.matmul_int4(a, b, s, zp, k, bs), native.matmul_int4(a[2:3], b, s, zp, k, bs)))
+        finally:
+            os.environ.pop("QO_CPU_KERNELS", None)
+    check_close(outs[0][0], a, w)
+    for y, y1 in outs:
+        np.testing.assert_array_equal(y.view(np.uint32), outs[0][0].view(np.uint32))
+        np.testing.assert_array_equal(y1.view(np.uint32), outs[0][0][2:3].view(np.uint32))
