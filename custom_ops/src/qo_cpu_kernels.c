@@ -69,6 +69,8 @@
 #define QO_INLINE static inline
 #endif
 
+enum { QO_ISA_PORTABLE = 0, QO_ISA_AVX2, QO_ISA_AVX512 };
+
 /* ---------------- weight formats ---------------- */
 enum { QO_W_FP8 = 0, QO_W_INT8, QO_W_BF16, QO_W_MXFP4, QO_W_NVFP4 };
 
@@ -133,7 +135,7 @@ typedef struct {
   int64_t col_scale_count;
   float* Y;
   int64_t rows_per_task;
-  int avx2;
+  int isa;                 /* QO_ISA_*: the path run_gemm picked */
   const float* a_pack;     /* M > 4 on AVX2: A in 4-row micro-panels, see pack_a */
   volatile int failed;
 } qo_job;
@@ -422,6 +424,274 @@ static void avx_tile_4x3(const float* a, const float* p, int64_t steps, float* p
     for (int r = 0; r < 3; ++r) _mm256_storeu_ps(part + (i * 3 + r) * QO_LANES, acc[i][r]);
 }
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+/* ---------------- AVX-512 path (F + BW + VL + DQ; x86-64, picked at run time) ----------------
+ * The same lanes and the same order as above, twice as wide: one zmm holds the 8-lane accumulators of TWO outputs
+ * (low 256 bits one, high 256 bits the other), so every lane still accumulates k = 8i + j in increasing i by one
+ * FMA per step, and the halves end in the AVX2 fold. Bit-identical to the AVX2 and portable paths (the decoded
+ * weights are exact, the integer decode steps are the same).
+ *   - GEMV (M <= 4): the two halves are two weight rows; 16 weight elements (8 of each row) decoded per zmm, the
+ *     activation's 8 floats broadcast to both halves.
+ *   - prefill (M > 4): the two halves are two activation rows (rows 2z and 2z+1 of a 4-row micro-panel: adjacent
+ *     in pack_a's layout, one zmm load), each weight row's 8 floats broadcast; register tile 8 activation rows x 6
+ *     weight rows (24 zmm accumulators) over the AVX2 path's decoded panels and partial-sum layout.
+ * Helpers named qo_z* are the reusable ones (16 e4m3fn / int8 / bf16 / 2*e2m1 decodes into one zmm). */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
+#endif
+
+/* [lo | hi]: two 8-float vectors as one zmm. */
+QO_INLINE __m512 qoz_join(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
+
+/* 16 e4m3fn codes -> 16 exact float32 (the AVX2 path's two routes, 16 wide). all_normal: every code's magnitude is
+ * 8..0x7E (the integer route); otherwise the fp16 route with NaN codes blended in as +qNaN. */
+QO_INLINE __m512 qoz_fp8x16(__m128i codes, int all_normal) {
+  if (all_normal) {
+    const __m512i x = _mm512_cvtepi8_epi32(codes);
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_and_si512(_mm512_slli_epi32(x, 20),
+                                                                 _mm512_set1_epi32((int)0x87F00000u)),
+                                                _mm512_set1_epi32(120 << 23)));
+  }
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(codes), 7),
+                                     _mm256_set1_epi16((short)0xBF80));
+  const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+  const __m128i m7f = _mm_set1_epi8(0x7F);
+  const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_and_si128(codes, m7f), m7f);
+  return _mm512_mask_blend_ps(nan, v, _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+}
+
+QO_INLINE __m512 qoz_int8x16(__m128i codes) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)); }
+
+QO_INLINE __m512 qoz_bf16x16(__m256i bits) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+/* Any e4m3fn code among 32 that is zero, subnormal or NaN (the AVX2 path's test)? */
+QO_INLINE int qoz_fp8_special32(const uint8_t* p) {
+  const __m256i raw = _mm256_loadu_si256((const __m256i*)p);
+  const __m256i t = _mm256_add_epi8(_mm256_and_si256(raw, _mm256_set1_epi8(0x7F)), _mm256_set1_epi8(1));
+  return _mm256_movemask_epi8(_mm256_cmpgt_epi8(_mm256_set1_epi8(9), t)) != 0;
+}
+
+/* Weight elements k..k+31 (k % 32 == 0) of rows a (low halves) and b (high halves): out[s] = elements
+ * k+8s..k+8s+7 of both rows. */
+QO_INLINE void qoz_dec32_pair(const int fmt, const qo_weight* w, const uint8_t* ra, const uint8_t* rb,
+                              const uint8_t* sa, const uint8_t* sb, int64_t k, __m512 out[4]) {
+  if (fmt == QO_W_MXFP4 || fmt == QO_W_NVFP4) {
+    const __m256i x = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(ra + k / 2))),
+                                              _mm_loadu_si128((const __m128i*)(rb + k / 2)), 1);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i lo = _mm256_and_si256(x, m4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+    const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                           0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    /* per 128-bit lane (row): elements 0..15 and 16..31; qwords then reordered to [a q, b q | a q+1, b q+1] */
+    const __m256i v0 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(table, _mm256_unpacklo_epi8(lo, hi)), 0xD8);
+    const __m256i v1 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(table, _mm256_unpackhi_epi8(lo, hi)), 0xD8);
+    const int64_t b = k / qo_block_of(fmt);
+    const __m512 s0 = qoz_join(_mm256_set1_ps(w->half_scale[sa[b]]), _mm256_set1_ps(w->half_scale[sb[b]]));
+    const __m512 s1 = fmt == QO_W_MXFP4 ? s0 : qoz_join(_mm256_set1_ps(w->half_scale[sa[b + 1]]),
+                                                        _mm256_set1_ps(w->half_scale[sb[b + 1]]));
+    out[0] = _mm512_mul_ps(qoz_int8x16(_mm256_castsi256_si128(v0)), s0);
+    out[1] = _mm512_mul_ps(qoz_int8x16(_mm256_extracti128_si256(v0, 1)), s0);
+    out[2] = _mm512_mul_ps(qoz_int8x16(_mm256_castsi256_si128(v1)), s1);
+    out[3] = _mm512_mul_ps(qoz_int8x16(_mm256_extracti128_si256(v1, 1)), s1);
+    return;
+  }
+  if (fmt == QO_W_BF16) {
+    for (int s = 0; s < 4; ++s)
+      out[s] = qoz_bf16x16(_mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(ra + 2 * (k + 8 * s)))),
+          _mm_loadu_si128((const __m128i*)(rb + 2 * (k + 8 * s))), 1));
+    return;
+  }
+  const int normal = fmt == QO_W_FP8 && !qoz_fp8_special32(ra + k) && !qoz_fp8_special32(rb + k);
+  for (int s = 0; s < 4; ++s) {
+    const __m128i codes = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)(ra + k + 8 * s)),
+                                             _mm_loadl_epi64((const __m128i*)(rb + k + 8 * s)));
+    out[s] = fmt == QO_W_FP8 ? qoz_fp8x16(codes, normal) : qoz_int8x16(codes);
+  }
+}
+
+/* GEMV tile: mr activation rows (all of M) x np weight-row pairs starting at n. */
+QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* job, int64_t n) {
+  const qo_weight* w = job->w;
+  const int64_t K = job->K, K8 = K & ~(int64_t)(QO_LANES - 1);
+  const float* A = job->A;
+  const uint8_t* rows[8];
+  const uint8_t* srows[8];
+  __m512 acc[4][4];
+  for (int r = 0; r < 2 * np; ++r) {
+    rows[r] = w->data + (n + r) * w->row_bytes;
+    srows[r] = w->scales ? w->scales + (n + r) * w->scales_per_row : NULL;
+  }
+  for (int p = 0; p < np; ++p)
+    for (int i = 0; i < mr; ++i) acc[i][p] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K8; k += 32) {
+    __m512 x[4][4];
+    for (int i = 0; i < mr; ++i)
+      for (int s = 0; s < 4; ++s) x[i][s] = _mm512_broadcast_f32x8(_mm256_loadu_ps(A + i * K + k + 8 * s));
+    for (int p = 0; p < np; ++p) {
+      __m512 wv[4];
+      qoz_dec32_pair(fmt, w, rows[2 * p], rows[2 * p + 1], srows[2 * p], srows[2 * p + 1], k, wv);
+      for (int s = 0; s < 4; ++s)
+        for (int i = 0; i < mr; ++i) acc[i][p] = _mm512_fmadd_ps(x[i][s], wv[s], acc[i][p]);
+    }
+  }
+  for (; k < K8; k += 8)
+    for (int p = 0; p < np; ++p) {
+      const __m512 wv = qoz_join(avx_dec8(fmt, w, rows[2 * p], srows[2 * p], k),
+                                 avx_dec8(fmt, w, rows[2 * p + 1], srows[2 * p + 1], k));
+      for (int i = 0; i < mr; ++i)
+        acc[i][p] = _mm512_fmadd_ps(_mm512_broadcast_f32x8(_mm256_loadu_ps(A + i * K + k)), wv, acc[i][p]);
+    }
+  const int t = (int)(K - K8);
+  for (int p = 0; p < np; ++p)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t nn = n + 2 * p + h;
+      float wt[QO_LANES];
+      for (int j = 0; j < t; ++j) wt[j] = decode_one(w, nn, K8 + j);
+      for (int i = 0; i < mr; ++i) {
+        const __m256 lanes = h ? _mm512_extractf32x8_ps(acc[i][p], 1) : _mm512_castps512_ps256(acc[i][p]);
+        if (t == 0) {
+          job->Y[i * job->N + nn] = avx_fold_scale(lanes, out_scale(job, i, nn));
+        } else {
+          float l[QO_LANES];
+          _mm256_storeu_ps(l, lanes);
+          job->Y[i * job->N + nn] = finish(l, A + i * K + K8, wt, t, out_scale(job, i, nn));
+        }
+      }
+    }
+}
+
+QO_INLINE void qoz_gemv_rows(const int fmt, qo_job* job, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  switch (job->M) {
+    case 1:
+      for (; n + 8 <= n1; n += 8) qoz_gemv_tile(fmt, 1, 4, job, n);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 1, 1, job, n);
+      break;
+    case 2:
+      for (; n + 8 <= n1; n += 8) qoz_gemv_tile(fmt, 2, 4, job, n);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 2, 1, job, n);
+      break;
+    case 3:
+      for (; n + 4 <= n1; n += 4) qoz_gemv_tile(fmt, 3, 2, job, n);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 3, 1, job, n);
+      break;
+    default:
+      for (; n + 4 <= n1; n += 4) qoz_gemv_tile(fmt, 4, 2, job, n);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 4, 1, job, n);
+      break;
+  }
+  for (; n < n1; ++n) avx_gemv_tile(fmt, (int)job->M, 1, job, n); /* an odd last row: the AVX2 tile, same order */
+}
+
+#define QO_Z_FORMAT(F, name) \
+  static void qoz_gemv_##name(qo_job* job, int64_t n0, int64_t n1) { qoz_gemv_rows(F, job, n0, n1); }
+QO_Z_FORMAT(QO_W_FP8, fp8)
+QO_Z_FORMAT(QO_W_INT8, int8)
+QO_Z_FORMAT(QO_W_BF16, bf16)
+QO_Z_FORMAT(QO_W_MXFP4, mxfp4)
+QO_Z_FORMAT(QO_W_NVFP4, nvfp4)
+static const qo_avx_gemv_fn qoz_gemv_by_format[] = {qoz_gemv_fp8, qoz_gemv_int8, qoz_gemv_bf16, qoz_gemv_mxfp4,
+                                                    qoz_gemv_nvfp4};
+
+/* Prefill register tile: ma 4-row micro-panels (a[0..ma-1]) x nb 3-row weight groups (p[0..nb-1]) over `steps`
+ * 8-element steps; zmm (z, r) of micro-panel q holds activation rows 2z (low) and 2z+1 (high) against weight row r.
+ * The partial sums use the AVX2 tile's layout (part[q][u]: 12 x 8 floats, (row * 3 + r) * 8). */
+QO_INLINE void qoz_tile(const int ma, const int nb, const float* const a[2], const float* const p[2], int64_t steps,
+                        float* const part[2][2], int first) {
+  __m512 acc[2][2][2][3]; /* [q][z][u][r] */
+  for (int q = 0; q < ma; ++q)
+    for (int z = 0; z < 2; ++z)
+      for (int u = 0; u < nb; ++u)
+        for (int r = 0; r < 3; ++r) {
+          const float* lo = part[q][u] + ((2 * z) * 3 + r) * QO_LANES;
+          acc[q][z][u][r] = first ? _mm512_setzero_ps()
+                                  : qoz_join(_mm256_loadu_ps(lo), _mm256_loadu_ps(lo + 3 * QO_LANES));
+        }
+  const float* ap[2] = {a[0], a[ma - 1]};
+  const float* pp[2] = {p[0], p[nb - 1]};
+  for (int64_t s = 0; s < steps; ++s) {
+    __m512 x[2][2];
+    for (int q = 0; q < ma; ++q)
+      for (int z = 0; z < 2; ++z) x[q][z] = _mm512_loadu_ps(ap[q] + s * 32 + 16 * z);
+    for (int u = 0; u < nb; ++u)
+      for (int r = 0; r < 3; ++r) {
+        const __m512 wv = _mm512_broadcast_f32x8(_mm256_loadu_ps(pp[u] + s * 24 + 8 * r));
+        for (int q = 0; q < ma; ++q)
+          for (int z = 0; z < 2; ++z) acc[q][z][u][r] = _mm512_fmadd_ps(x[q][z], wv, acc[q][z][u][r]);
+      }
+  }
+  for (int q = 0; q < ma; ++q)
+    for (int z = 0; z < 2; ++z)
+      for (int u = 0; u < nb; ++u)
+        for (int r = 0; r < 3; ++r) {
+          float* lo = part[q][u] + ((2 * z) * 3 + r) * QO_LANES;
+          _mm256_storeu_ps(lo, _mm512_castps512_ps256(acc[q][z][u][r]));
+          _mm256_storeu_ps(lo + 3 * QO_LANES, _mm512_extractf32x8_ps(acc[q][z][u][r], 1));
+        }
+}
+
+static void qoz_tile_2x2(const float* const a[2], const float* const p[2], int64_t steps, float* const part[2][2],
+                         int first) {
+  qoz_tile(2, 2, a, p, steps, part, first);
+}
+static void qoz_tile_2x1(const float* const a[2], const float* const p[2], int64_t steps, float* const part[2][2],
+                         int first) {
+  qoz_tile(2, 1, a, p, steps, part, first);
+}
+static void qoz_tile_1x2(const float* const a[2], const float* const p[2], int64_t steps, float* const part[2][2],
+                         int first) {
+  qoz_tile(1, 2, a, p, steps, part, first);
+}
+static void qoz_tile_1x1(const float* const a[2], const float* const p[2], int64_t steps, float* const part[2][2],
+                         int first) {
+  qoz_tile(1, 1, a, p, steps, part, first);
+}
+
+/* One K block of the panel task (see avx_panel_task): micro-panels [mb/4, mb/4 + mtiles) x groups [0, ntiles). */
+static void qoz_panel_block(const float* a_pack, const float* panel, float* part, int64_t mb, int64_t mtiles,
+                            int64_t ntiles, int64_t kc, int64_t n_steps, int64_t steps) {
+  for (int64_t ti = 0; ti < mtiles; ti += 2) {
+    const int ma = mtiles - ti >= 2 ? 2 : 1;
+    const float* a[2] = {a_pack + ((mb / 4 + ti) * steps + kc) * 32, a_pack + ((mb / 4 + ti + ma - 1) * steps + kc) * 32};
+    for (int64_t u = 0; u < ntiles; u += 2) {
+      const int nb = ntiles - u >= 2 ? 2 : 1;
+      const float* p[2] = {panel + (u * steps + kc) * 24, panel + ((u + nb - 1) * steps + kc) * 24};
+      float* const pt[2][2] = {{part + (ti * ntiles + u) * 96, part + (ti * ntiles + u + nb - 1) * 96},
+                               {part + ((ti + ma - 1) * ntiles + u) * 96, part + ((ti + ma - 1) * ntiles + u + nb - 1) * 96}};
+      if (ma == 2)
+        (nb == 2 ? qoz_tile_2x2 : qoz_tile_2x1)(a, p, n_steps, pt, kc == 0);
+      else
+        (nb == 2 ? qoz_tile_1x2 : qoz_tile_1x1)(a, p, n_steps, pt, kc == 0);
+    }
+  }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
 static inline float* align64(float* p) { return (float*)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
 static void avx_panel_task(qo_job* job, int64_t n0, int64_t n1) {
@@ -444,6 +714,10 @@ static void avx_panel_task(qo_job* job, int64_t n0, int64_t n1) {
     const int64_t mcount = M - mb < QO_PANEL_MB ? M - mb : QO_PANEL_MB, mtiles = (mcount + 3) / 4;
     for (int64_t kc = 0; kc < steps; kc += kc_steps) {
       const int64_t n_steps = steps - kc < kc_steps ? steps - kc : kc_steps;
+      if (job->isa == QO_ISA_AVX512) {
+        qoz_panel_block(job->a_pack, panel, part, mb, mtiles, ntiles, kc, n_steps, steps);
+        continue;
+      }
 #ifdef QO_PANEL_N_OUTER
       for (int64_t u = 0; u < ntiles; ++u)
         for (int64_t ti = 0; ti < mtiles; ++ti)
@@ -495,19 +769,26 @@ static void pack_a(const float* A, int64_t M, int64_t K, float* out) {
 #endif /* QO_X86_AVX2 */
 
 /* ---------------- dispatch and the parallel loop ---------------- */
-static int use_avx2(void) {
+/* The widest path this CPU runs, lowered by QO_CPU_KERNELS=portable | avx2 | avx512 (tests and benchmarks compare
+ * the paths bit for bit; a path the CPU lacks is never picked: "avx512" on an AVX2-only CPU runs AVX2). */
+static int pick_isa(void) {
 #if QO_X86_AVX2
   static int supported = -1;
   if (supported < 0) {
     __builtin_cpu_init();
-    supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    const int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    supported = avx512 ? QO_ISA_AVX512 : avx2 ? QO_ISA_AVX2 : QO_ISA_PORTABLE;
   }
-  const char* force = getenv("QO_CPU_KERNELS"); /* "portable": the C path (tests compare the two bit for bit) */
-  if (force && strcmp(force, "portable") == 0) return 0;
-  if (_mm_getcsr() & 0x0040) return 0; /* DAZ set: the fp16 route of the e4m3 decode might flush its subnormals */
-  return supported;
+  int isa = supported;
+  const char* force = getenv("QO_CPU_KERNELS");
+  if (force && strcmp(force, "portable") == 0) isa = QO_ISA_PORTABLE;
+  if (force && strcmp(force, "avx2") == 0 && isa > QO_ISA_AVX2) isa = QO_ISA_AVX2;
+  if (_mm_getcsr() & 0x0040) return QO_ISA_PORTABLE; /* DAZ set: the fp16 route of the e4m3 decode might flush */
+  return isa;
 #else
-  return 0;
+  return QO_ISA_PORTABLE;
 #endif
 }
 
@@ -516,11 +797,13 @@ static void gemm_task(void* data, size_t t) {
   const int64_t n0 = (int64_t)t * job->rows_per_task;
   const int64_t n1 = n0 + job->rows_per_task < job->N ? n0 + job->rows_per_task : job->N;
 #if QO_X86_AVX2
-  if (job->avx2) {
-    if (job->M <= QO_GEMV_MAX_M)
-      avx_gemv_by_format[job->w->fmt](job, n0, n1);
+  if (job->isa != QO_ISA_PORTABLE) {
+    if (job->M > QO_GEMV_MAX_M)
+      avx_panel_task(job, n0, n1); /* the AVX-512 tiles are picked inside */
+    else if (job->isa == QO_ISA_AVX512)
+      qoz_gemv_by_format[job->w->fmt](job, n0, n1);
     else
-      avx_panel_task(job, n0, n1);
+      avx_gemv_by_format[job->w->fmt](job, n0, n1);
     return;
   }
 #endif
@@ -534,10 +817,10 @@ void qo_cpu_set_parallel_runner(const qo_parallel_runner* runner) { tls_runner =
 static int run_gemm(const float* A, int64_t M, int64_t N, int64_t K, const qo_weight* w, const float* row_scale,
                     const float* col_scale, int64_t col_scale_count, float* Y) {
   fp8_value_table();
-  qo_job job = {A, M, N, K, w, row_scale, col_scale, col_scale_count, Y, QO_GEMV_ROWS, use_avx2(), NULL, 0};
+  qo_job job = {A, M, N, K, w, row_scale, col_scale, col_scale_count, Y, QO_GEMV_ROWS, pick_isa(), NULL, 0};
   float* a_pack = NULL;
 #if QO_X86_AVX2
-  if (job.avx2 && M > QO_GEMV_MAX_M) {
+  if (job.isa != QO_ISA_PORTABLE && M > QO_GEMV_MAX_M) {
     job.rows_per_task = QO_PANEL_ROWS;
     a_pack = (float*)malloc(sizeof(float) * (size_t)((M + 3) / 4 * 4 * (K / QO_LANES) * QO_LANES + 16));
     if (!a_pack) return QO_ERR_ALLOC;
