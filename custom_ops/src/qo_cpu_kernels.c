@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "qo_cpu_simd.h"
 #include "qo_fp_formats.h"
 #include "qo_kernels.h"
 
@@ -68,8 +69,6 @@
 #else
 #define QO_INLINE static inline
 #endif
-
-enum { QO_ISA_PORTABLE = 0, QO_ISA_AVX2, QO_ISA_AVX512 };
 
 /* ---------------- weight formats ---------------- */
 enum { QO_W_FP8 = 0, QO_W_INT8, QO_W_BF16, QO_W_MXFP4, QO_W_NVFP4 };
@@ -440,7 +439,8 @@ static void avx_tile_4x3(const float* a, const float* p, int64_t steps, float* p
  *   - prefill (M > 4): the two halves are two activation rows (rows 2z and 2z+1 of a 4-row micro-panel: adjacent
  *     in pack_a's layout, one zmm load), each weight row's 8 floats broadcast; register tile 8 activation rows x 6
  *     weight rows (24 zmm accumulators) over the AVX2 path's decoded panels and partial-sum layout.
- * Helpers named qo_z* are the reusable ones (16 e4m3fn / int8 / bf16 / 2*e2m1 decodes into one zmm). */
+ * The 16-wide format decodes (qoz_fp8x16, qoz_int8x16, qoz_bf16x16, qoz_join) live in qo_cpu_simd.h for other
+ * kernel files. */
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"))), \
                              apply_to = function)
@@ -448,39 +448,6 @@ static void avx_tile_4x3(const float* a, const float* p, int64_t steps, float* p
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
 #endif
-
-/* [lo | hi]: two 8-float vectors as one zmm. */
-QO_INLINE __m512 qoz_join(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
-
-/* 16 e4m3fn codes -> 16 exact float32 (the AVX2 path's two routes, 16 wide). all_normal: every code's magnitude is
- * 8..0x7E (the integer route); otherwise the fp16 route with NaN codes blended in as +qNaN. */
-QO_INLINE __m512 qoz_fp8x16(__m128i codes, int all_normal) {
-  if (all_normal) {
-    const __m512i x = _mm512_cvtepi8_epi32(codes);
-    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_and_si512(_mm512_slli_epi32(x, 20),
-                                                                 _mm512_set1_epi32((int)0x87F00000u)),
-                                                _mm512_set1_epi32(120 << 23)));
-  }
-  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(codes), 7),
-                                     _mm256_set1_epi16((short)0xBF80));
-  const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
-  const __m128i m7f = _mm_set1_epi8(0x7F);
-  const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_and_si128(codes, m7f), m7f);
-  return _mm512_mask_blend_ps(nan, v, _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
-}
-
-QO_INLINE __m512 qoz_int8x16(__m128i codes) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)); }
-
-QO_INLINE __m512 qoz_bf16x16(__m256i bits) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-
-/* Any e4m3fn code among 32 that is zero, subnormal or NaN (the AVX2 path's test)? */
-QO_INLINE int qoz_fp8_special32(const uint8_t* p) {
-  const __m256i raw = _mm256_loadu_si256((const __m256i*)p);
-  const __m256i t = _mm256_add_epi8(_mm256_and_si256(raw, _mm256_set1_epi8(0x7F)), _mm256_set1_epi8(1));
-  return _mm256_movemask_epi8(_mm256_cmpgt_epi8(_mm256_set1_epi8(9), t)) != 0;
-}
 
 /* Weight elements k..k+31 (k % 32 == 0) of rows a (low halves) and b (high halves): out[s] = elements
  * k+8s..k+8s+7 of both rows. */
@@ -513,12 +480,16 @@ QO_INLINE void qoz_dec32_pair(const int fmt, const qo_weight* w, const uint8_t* 
           _mm_loadu_si128((const __m128i*)(rb + 2 * (k + 8 * s))), 1));
     return;
   }
-  const int normal = fmt == QO_W_FP8 && !qoz_fp8_special32(ra + k) && !qoz_fp8_special32(rb + k);
-  for (int s = 0; s < 4; ++s) {
-    const __m128i codes = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)(ra + k + 8 * s)),
-                                             _mm_loadl_epi64((const __m128i*)(rb + k + 8 * s)));
-    out[s] = fmt == QO_W_FP8 ? qoz_fp8x16(codes, normal) : qoz_int8x16(codes);
+  if (fmt == QO_W_FP8) {
+    /* qwords of the two rows interleaved ([a 0-7, b 0-7 | a 16-23, b 16-23] and the odd ones), then qoz_fp8x32 */
+    const __m256i ca = _mm256_loadu_si256((const __m256i*)(ra + k)), cb = _mm256_loadu_si256((const __m256i*)(rb + k));
+    qoz_fp8x32(_mm256_unpacklo_epi64(ca, cb), &out[0], &out[2]);
+    qoz_fp8x32(_mm256_unpackhi_epi64(ca, cb), &out[1], &out[3]);
+    return;
   }
+  for (int s = 0; s < 4; ++s)
+    out[s] = qoz_int8x16(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)(ra + k + 8 * s)),
+                                            _mm_loadl_epi64((const __m128i*)(rb + k + 8 * s))));
 }
 
 /* GEMV tile: mr activation rows (all of M) x np weight-row pairs starting at n. */
@@ -769,9 +740,9 @@ static void pack_a(const float* A, int64_t M, int64_t K, float* out) {
 #endif /* QO_X86_AVX2 */
 
 /* ---------------- dispatch and the parallel loop ---------------- */
-/* The widest path this CPU runs, lowered by QO_CPU_KERNELS=portable | avx2 | avx512 (tests and benchmarks compare
- * the paths bit for bit; a path the CPU lacks is never picked: "avx512" on an AVX2-only CPU runs AVX2). */
-static int pick_isa(void) {
+/* The widest path this CPU runs, lowered by QO_CPU_KERNELS=portable | avx2 | avx512 (qo_cpu_simd.h; tests and
+ * benchmarks compare the paths bit for bit; a path the CPU lacks is never picked). */
+int qo_cpu_isa(void) {
 #if QO_X86_AVX2
   static int supported = -1;
   if (supported < 0) {
@@ -817,7 +788,7 @@ void qo_cpu_set_parallel_runner(const qo_parallel_runner* runner) { tls_runner =
 static int run_gemm(const float* A, int64_t M, int64_t N, int64_t K, const qo_weight* w, const float* row_scale,
                     const float* col_scale, int64_t col_scale_count, float* Y) {
   fp8_value_table();
-  qo_job job = {A, M, N, K, w, row_scale, col_scale, col_scale_count, Y, QO_GEMV_ROWS, pick_isa(), NULL, 0};
+  qo_job job = {A, M, N, K, w, row_scale, col_scale, col_scale_count, Y, QO_GEMV_ROWS, qo_cpu_isa(), NULL, 0};
   float* a_pack = NULL;
 #if QO_X86_AVX2
   if (job.isa != QO_ISA_PORTABLE && M > QO_GEMV_MAX_M) {
