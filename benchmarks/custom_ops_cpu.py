@@ -306,17 +306,20 @@ def main(argv=None) -> int:
     for r in rows:
         r["stream_min_2t_vs_read_2t"] = round(r["kernel_min_2t_GBs"] / bandwidth["read_2t_GBs"], 2)
         r["stream_2t_vs_read_2t"] = round(r["kernel_2t_GBs"] / bandwidth["read_2t_GBs"], 2)
+        r["stream_min_1t_vs_read_1t"] = round(r["kernel_min_1t_GBs"] / bandwidth["read_1t_GBs"], 2)
     print(f"\nplain memory read {bandwidth['read_1t_GBs']} / {bandwidth['read_2t_GBs']} GB/s (1 / 2 threads; before "
           f"{bandwidth_before}, after {after}); load average now {load()}\n")
     print("min (median) of the round-robin calls\n")
     print("| format | K x N | M | kernel ms 1t / 2t | fp32 MatMul ms 1t / 2t | fp32 / kernel 1t / 2t | "
-          "1t CPU ms kernel / fp32 (ratio) | kernel GB/s 2t (of 2t read) | load |\n|---|---|---|---|---|---|---|---|---|")
+          "1t CPU ms kernel / fp32 (ratio) | kernel GB/s 1t (of 1t read) | kernel GB/s 2t (of 2t read) | load |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['format']} | {r['K']}x{r['N']} | {r['M']} | {r['kernel_1t_min_ms']:.2f} ({r['kernel_1t_ms']:.2f}) / "
               f"{r['kernel_2t_min_ms']:.2f} ({r['kernel_2t_ms']:.2f}) | {r['fp32_1t_min_ms']:.2f} ({r['fp32_1t_ms']:.2f}) / "
               f"{r['fp32_2t_min_ms']:.2f} ({r['fp32_2t_ms']:.2f}) | {r['speedup_min_1t']:.2f}x ({r['speedup_1t']:.2f}x) / "
               f"{r['speedup_min_2t']:.2f}x ({r['speedup_2t']:.2f}x) | {r['kernel_1t_cpu_ms']:.2f} / "
-              f"{r['fp32_1t_cpu_ms']:.2f} ({r['speedup_cpu_1t']:.2f}x) | {r['kernel_min_2t_GBs']:.1f} "
+              f"{r['fp32_1t_cpu_ms']:.2f} ({r['speedup_cpu_1t']:.2f}x) | {r['kernel_min_1t_GBs']:.1f} "
+              f"({r['stream_min_1t_vs_read_1t']:.2f}) | {r['kernel_min_2t_GBs']:.1f} "
               f"({r['stream_min_2t_vs_read_2t']:.2f}) | {r['load_average']} |")
     if args.json:
         args.json.write_text(json.dumps({"memory_read": bandwidth, "memory_read_before": bandwidth_before,
