@@ -59,11 +59,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--portable", action="store_true", help="also time the portable C path")
+    ap.add_argument("--paths", default="avx512,avx2", help="QO_CPU_KERNELS values to compare (avx2 must be one)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     native.load_library()
     ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1").omp_set_num_threads(a.threads)
-    paths = ["avx512", "avx2"] + (["portable"] if a.portable else [])
+    paths = a.paths.split(",") + (["portable"] if a.portable else [])
     rng = np.random.default_rng(0)
     rows = []
     print(f"load {os.getloadavg()[0]:.2f}, threads {a.threads}")

@@ -99,7 +99,7 @@ def rel_error(y, a, w):
     return float(np.max(np.abs(y.reshape(bound.shape).astype(np.float64) - a64 @ w.T) / bound))
 
 
-PATHS = ("avx512", "avx2", "portable")
+PATHS = ("avx512", "avx512-novbmi", "avx2", "portable")
 
 
 @pytest.fixture

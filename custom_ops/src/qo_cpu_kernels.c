@@ -9,15 +9,18 @@
  *   - the lanes are folded pairwise: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7));
  *   - then one multiplication by the output's scale (row scale * column scale, 1 when absent).
  * The decoded weight values are exact (every format decodes exactly to float32, see qo_kernels.h for NVFP4), so the
- * only roundings are the ones above. The portable C path does exactly this with fmaf; the AVX2+FMA path (picked at
- * run time with __builtin_cpu_supports) does it with 8-wide vfmadd on the same lanes; both end in the same scalar
- * fold. AVX-512 CPUs run the AVX2 path (no separate AVX-512 code: its wider registers would not change the order,
- * and there is no AVX-512 machine here to test one). No -ffast-math anywhere; the build passes -ffp-contract=off and
- * the numerics-relevant code has no a*b+c expression a compiler could fuse.
+ * only roundings are the ones above. The portable C path does exactly this with fmaf; the AVX2+FMA path does it
+ * with 8-wide vfmadd on the same lanes; the AVX-512 path (F/BW/VL/DQ) with 16-wide vfmadd whose zmm holds the
+ * 8-lane accumulators of two outputs (two weight rows at decode, two activation rows at prefill), so each lane's
+ * order is unchanged; all end in the same fold. The path is picked at run time (qo_cpu_isa(), qo_cpu_simd.h:
+ * __builtin_cpu_supports, QO_CPU_KERNELS=portable|avx2|avx512 to force a narrower one; tests compare all three
+ * bit for bit). With AVX512_VBMI as well, the MXFP4 / NVFP4 GEMV decodes by byte and float permutes
+ * (QO_CPU_KERNELS=avx512-novbmi turns that off). No -ffast-math anywhere; the build passes -ffp-contract=off and the numerics-relevant code has no
+ * a*b+c expression a compiler could fuse.
  *
  * Shapes of the work:
  *   - M <= 4 (decode): a GEMV over blocks of weight rows; each weight byte is read once, decoded in registers
- *     (32 elements per step), and multiplied against all M activation rows.
+ *     (32 elements per step; on AVX-512 32 of each of two rows), and multiplied against all M activation rows.
  *   - M > 4 (prefill): A is packed once into 4-row micro-panels; a task decodes its 48 weight rows x K to float32
  *     once, in 3-row micro-panels (thread-local), then register tiles of 4 activation rows x 3 weight rows (12
  *     accumulators) run over K blocks of 512 (L1-resident), keeping their 8-lane partial sums in a thread-local
@@ -492,8 +495,48 @@ QO_INLINE void qoz_dec32_pair(const int fmt, const qo_weight* w, const uint8_t* 
                                             _mm_loadl_epi64((const __m128i*)(rb + k + 8 * s))));
 }
 
+/* MXFP4 / NVFP4 elements k..k+31 of rows a and b (as qoz_dec32_pair) by two permutes per 16 elements (needs
+ * AVX512_VBMI): vpermb moves each element's nibble into the low byte of its dword (row b's nibbles + 16), and
+ * vpermt2ps looks the value up in the two rows' 16-entry tables 2 * e2m1 * half block scale (the products the
+ * other paths compute per element, the same float32 multiplications). */
+static const uint8_t QOZ_FP4_IDX[4][64] = {
+#define QOZ_L(s, L) (uint8_t)((((8 * (s) + (L) % 8) & 1) ? 32 : 0) + ((L) / 8) * 16 + (8 * (s) + (L) % 8) / 2)
+#define QOZ_D(s, L) QOZ_L(s, L), 0, 0, 0
+#define QOZ_ROW(s) QOZ_D(s, 0), QOZ_D(s, 1), QOZ_D(s, 2), QOZ_D(s, 3), QOZ_D(s, 4), QOZ_D(s, 5), QOZ_D(s, 6), \
+    QOZ_D(s, 7), QOZ_D(s, 8), QOZ_D(s, 9), QOZ_D(s, 10), QOZ_D(s, 11), QOZ_D(s, 12), QOZ_D(s, 13), QOZ_D(s, 14), \
+    QOZ_D(s, 15)
+    {QOZ_ROW(0)}, {QOZ_ROW(1)}, {QOZ_ROW(2)}, {QOZ_ROW(3)}};
+#undef QOZ_ROW
+#undef QOZ_D
+#undef QOZ_L
+
+#define QOZ_VBMI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")))
+static inline QOZ_VBMI void qoz_fp4_pair_vbmi(const int fmt, const qo_weight* w, const uint8_t* ra, const uint8_t* rb,
+                                 const uint8_t* sa, const uint8_t* sb, int64_t k, __m512 out[4]) {
+  const __m256i x = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(ra + k / 2))),
+                                            _mm_loadu_si128((const __m128i*)(rb + k / 2)), 1);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i row_b = _mm256_setr_epi64x(0, 0, 0x1010101010101010LL, 0x1010101010101010LL);
+  const __m256i lo = _mm256_or_si256(_mm256_and_si256(x, m4), row_b);
+  const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), m4), row_b);
+  const __m512i src = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); /* lo_a lo_b hi_a hi_b */
+  const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const int64_t b = k / qo_block_of(fmt);
+  __m512 ta = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sa[b]]));
+  __m512 tb = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sb[b]]));
+  for (int s = 0; s < 4; ++s) {
+    if (s == 2 && fmt == QO_W_NVFP4) {
+      ta = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sa[b + 1]]));
+      tb = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sb[b + 1]]));
+    }
+    const __m512i idx = _mm512_maskz_permutexvar_epi8(0x1111111111111111ULL,
+                                                      _mm512_loadu_si512((const void*)QOZ_FP4_IDX[s]), src);
+    out[s] = _mm512_permutex2var_ps(ta, idx, tb);
+  }
+}
+
 /* GEMV tile: mr activation rows (all of M) x np weight-row pairs starting at n. */
-QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* job, int64_t n) {
+QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* job, int64_t n, const int vbmi) {
   const qo_weight* w = job->w;
   const int64_t K = job->K, K8 = K & ~(int64_t)(QO_LANES - 1);
   const float* A = job->A;
@@ -513,7 +556,10 @@ QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* 
       for (int s = 0; s < 4; ++s) x[i][s] = _mm512_broadcast_f32x8(_mm256_loadu_ps(A + i * K + k + 8 * s));
     for (int p = 0; p < np; ++p) {
       __m512 wv[4];
-      qoz_dec32_pair(fmt, w, rows[2 * p], rows[2 * p + 1], srows[2 * p], srows[2 * p + 1], k, wv);
+      if (vbmi)
+        qoz_fp4_pair_vbmi(fmt, w, rows[2 * p], rows[2 * p + 1], srows[2 * p], srows[2 * p + 1], k, wv);
+      else
+        qoz_dec32_pair(fmt, w, rows[2 * p], rows[2 * p + 1], srows[2 * p], srows[2 * p + 1], k, wv);
       for (int s = 0; s < 4; ++s)
         for (int i = 0; i < mr; ++i) acc[i][p] = _mm512_fmadd_ps(x[i][s], wv[s], acc[i][p]);
     }
@@ -544,31 +590,31 @@ QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* 
     }
 }
 
-QO_INLINE void qoz_gemv_rows(const int fmt, qo_job* job, int64_t n0, int64_t n1) {
+QO_INLINE void qoz_gemv_rows(const int fmt, qo_job* job, int64_t n0, int64_t n1, const int vbmi) {
   int64_t n = n0;
   switch (job->M) {
     case 1:
-      for (; n + 8 <= n1; n += 8) qoz_gemv_tile(fmt, 1, 4, job, n);
-      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 1, 1, job, n);
+      for (; n + 8 <= n1; n += 8) qoz_gemv_tile(fmt, 1, 4, job, n, vbmi);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 1, 1, job, n, vbmi);
       break;
     case 2:
-      for (; n + 8 <= n1; n += 8) qoz_gemv_tile(fmt, 2, 4, job, n);
-      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 2, 1, job, n);
+      for (; n + 8 <= n1; n += 8) qoz_gemv_tile(fmt, 2, 4, job, n, vbmi);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 2, 1, job, n, vbmi);
       break;
     case 3:
-      for (; n + 4 <= n1; n += 4) qoz_gemv_tile(fmt, 3, 2, job, n);
-      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 3, 1, job, n);
+      for (; n + 4 <= n1; n += 4) qoz_gemv_tile(fmt, 3, 2, job, n, vbmi);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 3, 1, job, n, vbmi);
       break;
     default:
-      for (; n + 4 <= n1; n += 4) qoz_gemv_tile(fmt, 4, 2, job, n);
-      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 4, 1, job, n);
+      for (; n + 4 <= n1; n += 4) qoz_gemv_tile(fmt, 4, 2, job, n, vbmi);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 4, 1, job, n, vbmi);
       break;
   }
   for (; n < n1; ++n) avx_gemv_tile(fmt, (int)job->M, 1, job, n); /* an odd last row: the AVX2 tile, same order */
 }
 
 #define QO_Z_FORMAT(F, name) \
-  static void qoz_gemv_##name(qo_job* job, int64_t n0, int64_t n1) { qoz_gemv_rows(F, job, n0, n1); }
+  static void qoz_gemv_##name(qo_job* job, int64_t n0, int64_t n1) { qoz_gemv_rows(F, job, n0, n1, 0); }
 QO_Z_FORMAT(QO_W_FP8, fp8)
 QO_Z_FORMAT(QO_W_INT8, int8)
 QO_Z_FORMAT(QO_W_BF16, bf16)
@@ -576,6 +622,14 @@ QO_Z_FORMAT(QO_W_MXFP4, mxfp4)
 QO_Z_FORMAT(QO_W_NVFP4, nvfp4)
 static const qo_avx_gemv_fn qoz_gemv_by_format[] = {qoz_gemv_fp8, qoz_gemv_int8, qoz_gemv_bf16, qoz_gemv_mxfp4,
                                                     qoz_gemv_nvfp4};
+
+/* The FP4 GEMVs with the permute decode, for CPUs with AVX512_VBMI too. */
+static QOZ_VBMI __attribute__((flatten)) void qoz_gemv_mxfp4_vbmi(qo_job* job, int64_t n0, int64_t n1) {
+  qoz_gemv_rows(QO_W_MXFP4, job, n0, n1, 1);
+}
+static QOZ_VBMI __attribute__((flatten)) void qoz_gemv_nvfp4_vbmi(qo_job* job, int64_t n0, int64_t n1) {
+  qoz_gemv_rows(QO_W_NVFP4, job, n0, n1, 1);
+}
 
 /* Prefill register tile: ma 4-row micro-panels (a[0..ma-1]) x nb 3-row weight groups (p[0..nb-1]) over `steps`
  * 8-element steps; zmm (z, r) of micro-panel q holds activation rows 2z (low) and 2z+1 (high) against weight row r.
@@ -763,6 +817,21 @@ int qo_cpu_isa(void) {
 #endif
 }
 
+/* AVX512_VBMI as well (the FP4 GEMV's permute decode); QO_CPU_KERNELS=avx512-novbmi turns it off (tests). */
+static int qo_cpu_vbmi(void) {
+#if QO_X86_AVX2
+  static int supported = -1;
+  if (supported < 0) {
+    __builtin_cpu_init();
+    supported = __builtin_cpu_supports("avx512vbmi");
+  }
+  const char* force = getenv("QO_CPU_KERNELS");
+  return supported && !(force && strcmp(force, "avx512-novbmi") == 0);
+#else
+  return 0;
+#endif
+}
+
 static void gemm_task(void* data, size_t t) {
   qo_job* job = (qo_job*)data;
   const int64_t n0 = (int64_t)t * job->rows_per_task;
@@ -771,6 +840,10 @@ static void gemm_task(void* data, size_t t) {
   if (job->isa != QO_ISA_PORTABLE) {
     if (job->M > QO_GEMV_MAX_M)
       avx_panel_task(job, n0, n1); /* the AVX-512 tiles are picked inside */
+    else if (job->isa == QO_ISA_AVX512 && job->w->fmt == QO_W_MXFP4 && qo_cpu_vbmi())
+      qoz_gemv_mxfp4_vbmi(job, n0, n1);
+    else if (job->isa == QO_ISA_AVX512 && job->w->fmt == QO_W_NVFP4 && qo_cpu_vbmi())
+      qoz_gemv_nvfp4_vbmi(job, n0, n1);
     else if (job->isa == QO_ISA_AVX512)
       qoz_gemv_by_format[job->w->fmt](job, n0, n1);
     else
