@@ -801,7 +801,12 @@ int qo_cpu_isa(void) {
   static int supported = -1;
   if (supported < 0) {
     __builtin_cpu_init();
+#if defined(__clang__) && __clang_major__ < 16
+    /* clang 14's __builtin_cpu_supports has no "f16c" (every AVX2 CPU has F16C) */
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
     const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#endif
     const int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     supported = avx512 ? QO_ISA_AVX512 : avx2 ? QO_ISA_AVX2 : QO_ISA_PORTABLE;
