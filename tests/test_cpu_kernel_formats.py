@@ -1,7 +1,8 @@
 """CPU kernels of every compact weight format (custom_ops/src/qo_cpu_kernels.c) against an independent numpy float64
-decoding of each format written here (not custom_ops/reference.py), and their one fixed summation order: the AVX2
-path, the portable C path (QO_CPU_KERNELS=portable), builds with no SIMD at all and with -march=native, 1 and 2
-threads, and every row count M give the same bits (qo_kernels.h)."""
+decoding of each format written here (not custom_ops/reference.py), and their one fixed summation order: the AVX-512
+path, the AVX2 path, the portable C path (QO_CPU_KERNELS=avx512 / avx2 / portable; a path the CPU lacks runs the
+next narrower one), builds with no SIMD at all and with -march=native, 1 and 2 threads, and every row count M give
+the same bits (qo_kernels.h)."""
 from __future__ import annotations
 
 import ctypes
@@ -63,6 +64,10 @@ def make_case(fmt: str, rng, n: int, k: int):
         codes[(codes & 0x7F) == 0x7F] = 0x42  # NaN codes tested separately
         scale = rng.uniform(0.5, 2, n).astype(np.float32)
         return (lambda a: native.matmul_fp8(a, codes, scale)), e4m3fn_values(codes) * scale[:, None].astype(np.float64)
+    if fmt == "fp8_normal":  # only normal codes (magnitude 8..0x7E): the decode's integer route throughout
+        codes = (rng.integers(8, 0x7F, (n, k), dtype=np.uint8) | (rng.integers(0, 2, (n, k)) << 7)).astype(np.uint8)
+        scale = rng.uniform(0.5, 2, n).astype(np.float32)
+        return (lambda a: native.matmul_fp8(a, codes, scale)), e4m3fn_values(codes) * scale[:, None].astype(np.float64)
     if fmt == "int8":
         q = rng.integers(-128, 128, (n, k), dtype=np.int8)
         scale = np.float32(0.01)
@@ -82,9 +87,9 @@ def make_case(fmt: str, rng, n: int, k: int):
     raise ValueError(fmt)
 
 
-FORMATS = ["fp8", "int8", "bf16", "mxfp4", "nvfp4"]
+FORMATS = ["fp8", "fp8_normal", "int8", "bf16", "mxfp4", "nvfp4"]
 # (N, K): K not a multiple of 8 / 32 where the format allows, N not a multiple of the 4 / 3 / 48-row tiles
-SHAPES = {"fp8": [(37, 203), (130, 1000)], "int8": [(37, 203), (130, 1000)], "bf16": [(37, 203), (130, 1000)],
+SHAPES = {"fp8": [(37, 203), (130, 1000)], "fp8_normal": [(37, 203), (130, 1000)], "int8": [(37, 203), (130, 1000)], "bf16": [(37, 203), (130, 1000)],
           "mxfp4": [(37, 224), (130, 1024)], "nvfp4": [(37, 208), (130, 1040)]}
 
 
@@ -94,14 +99,18 @@ def rel_error(y, a, w):
     return float(np.max(np.abs(y.reshape(bound.shape).astype(np.float64) - a64 @ w.T) / bound))
 
 
+PATHS = ("avx512", "avx512-novbmi", "avx2", "portable")
+
+
 @pytest.fixture
-def portable(monkeypatch):
-    def set_portable(on: bool):
-        if on:
-            monkeypatch.setenv("QO_CPU_KERNELS", "portable")
+def path(monkeypatch):
+    """path(name) forces a SIMD path (QO_CPU_KERNELS, read at every call); path(None) restores the default."""
+    def set_path(name):
+        if name:
+            monkeypatch.setenv("QO_CPU_KERNELS", name)
         else:
             monkeypatch.delenv("QO_CPU_KERNELS", raising=False)
-    return set_portable
+    return set_path
 
 
 def omp_threads(n: int) -> None:
@@ -111,25 +120,29 @@ def omp_threads(n: int) -> None:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_matches_float64_decoding_and_one_order(fmt, portable):
+def test_matches_float64_decoding_and_one_order(fmt, path):
     rng = np.random.default_rng(hash(fmt) % 2**32)
     for n, k in SHAPES[fmt]:
         call, w = make_case(fmt, rng, n, k)
         a = (rng.standard_normal((128, k)) * np.logspace(-2, 2, k)).astype(np.float32)
         omp_threads(2)
+        path("avx2")
         y = call(a)
         assert y.dtype == np.float32 and y.shape == (128, n)
         rel = rel_error(y, a, w)
         assert rel <= REL_FP32, f"{fmt} N={n} K={k}: rel {rel:.3g}"
-        for m in (1, 2, 3, 4, 5, 7):  # GEMV (M <= 4) and panel tiles: the rows' bits do not change
-            assert np.array_equal(call(a[:m]), y[:m]), f"{fmt} M={m}"
-        assert np.array_equal(call(a[61:64]), y[61:64])
-        omp_threads(1)
-        assert np.array_equal(call(a), y), f"{fmt}: 1 thread"
-        portable(True)
-        assert np.array_equal(call(a), y), f"{fmt}: portable C path"
-        assert np.array_equal(call(a[:1]), y[:1]), f"{fmt}: portable C path, M=1"
-        portable(False)
+        for p in PATHS:
+            path(p)
+            # GEMV (M <= 4: weight-row pairs on AVX-512, an odd N's last row alone) and panel tiles (8 x 6 on
+            # AVX-512: M = 11 leaves an odd 4-row micro-panel, N = 37 an odd 3-row group): the rows' bits do not change
+            for m in (1, 2, 3, 4, 5, 7, 11):
+                assert np.array_equal(call(a[:m]), y[:m]), f"{fmt} {p} M={m}"
+            assert np.array_equal(call(a[61:64]), y[61:64]), f"{fmt} {p}"
+            for threads in (2, 1):
+                omp_threads(threads)
+                assert np.array_equal(call(a), y), f"{fmt} {p}: {threads} thread(s), M=128"
+        path(None)
+        assert np.array_equal(call(a[:3]), y[:3]), f"{fmt}: default path"
         omp_threads(2)
 
 
@@ -145,7 +158,7 @@ def test_fp16_activations(fmt):
     assert np.array_equal(y, call(a.astype(np.float32)).astype(np.float16))  # widen exactly, round Y once
 
 
-def test_nan_and_special_codes():
+def test_nan_and_special_codes(path):
     rng = np.random.default_rng(3)
     n, k = 9, 72
     a = rng.standard_normal((3, k)).astype(np.float32)
@@ -157,7 +170,11 @@ def test_nan_and_special_codes():
     y = native.matmul_fp8(a, codes, np.float32(1))
     assert np.isnan(y[:, 1]).all() and np.isnan(y[:, 2]).all() and not np.isnan(np.delete(y, [1, 2], 1)).any()
     a6 = np.concatenate([a, a])  # M = 6: the decoded-panel path
-    assert np.array_equal(native.matmul_fp8(a6, codes, np.float32(1))[:3], y, equal_nan=True)
+    for p in PATHS:
+        path(p)
+        assert np.array_equal(native.matmul_fp8(a, codes, np.float32(1)), y, equal_nan=True), p
+        assert np.array_equal(native.matmul_fp8(a6, codes, np.float32(1))[:3], y, equal_nan=True), p
+    path(None)
     w = e4m3fn_values(codes)
     ok = [i for i in range(n) if i not in (1, 2)]
     assert rel_error(y[:, ok], a, w[ok]) <= REL_FP32
@@ -230,15 +247,17 @@ def test_same_bits_from_builds_without_simd_and_native(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "int8", "bf16"])
-def test_tiny_shapes(fmt, portable):
+def test_tiny_shapes(fmt, path):
     """K below one 8-lane step, exactly one step, one 32-element chunk plus a tail; N = 1; M on both paths."""
     rng = np.random.default_rng(13)
-    for n, k in [(1, 5), (5, 8), (4, 39), (2, 1)]:
+    for n, k in [(1, 5), (5, 8), (4, 39), (2, 1), (3, 72)]:
         call, w = make_case(fmt, rng, n, k)
         a = rng.standard_normal((6, k)).astype(np.float32)
+        path("portable")
         y = call(a)
         assert rel_error(y, a, w) <= REL_FP32, f"{fmt} N={n} K={k}"
-        assert np.array_equal(call(a[:1]), y[:1]) and np.array_equal(call(a[:3]), y[:3])
-        portable(True)
-        assert np.array_equal(call(a), y), f"{fmt} N={n} K={k}: portable"
-        portable(False)
+        for p in PATHS:
+            path(p)
+            assert np.array_equal(call(a), y), f"{fmt} N={n} K={k}: {p}"
+            assert np.array_equal(call(a[:1]), y[:1]) and np.array_equal(call(a[:3]), y[:3]), f"{fmt} {p}"
+        path(None)

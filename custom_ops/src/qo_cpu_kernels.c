@@ -9,15 +9,18 @@
  *   - the lanes are folded pairwise: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7));
  *   - then one multiplication by the output's scale (row scale * column scale, 1 when absent).
  * The decoded weight values are exact (every format decodes exactly to float32, see qo_kernels.h for NVFP4), so the
- * only roundings are the ones above. The portable C path does exactly this with fmaf; the AVX2+FMA path (picked at
- * run time with __builtin_cpu_supports) does it with 8-wide vfmadd on the same lanes; both end in the same scalar
- * fold. AVX-512 CPUs run the AVX2 path (no separate AVX-512 code: its wider registers would not change the order,
- * and there is no AVX-512 machine here to test one). No -ffast-math anywhere; the build passes -ffp-contract=off and
- * the numerics-relevant code has no a*b+c expression a compiler could fuse.
+ * only roundings are the ones above. The portable C path does exactly this with fmaf; the AVX2+FMA path does it
+ * with 8-wide vfmadd on the same lanes; the AVX-512 path (F/BW/VL/DQ) with 16-wide vfmadd whose zmm holds the
+ * 8-lane accumulators of two outputs (two weight rows at decode, two activation rows at prefill), so each lane's
+ * order is unchanged; all end in the same fold. The path is picked at run time (qo_cpu_isa(), qo_cpu_simd.h:
+ * __builtin_cpu_supports, QO_CPU_KERNELS=portable|avx2|avx512 to force a narrower one; tests compare all three
+ * bit for bit). With AVX512_VBMI as well, the MXFP4 / NVFP4 GEMV decodes by byte and float permutes
+ * (QO_CPU_KERNELS=avx512-novbmi turns that off). No -ffast-math anywhere; the build passes -ffp-contract=off and the numerics-relevant code has no
+ * a*b+c expression a compiler could fuse.
  *
  * Shapes of the work:
  *   - M <= 4 (decode): a GEMV over blocks of weight rows; each weight byte is read once, decoded in registers
- *     (32 elements per step), and multiplied against all M activation rows.
+ *     (32 elements per step; on AVX-512 32 of each of two rows), and multiplied against all M activation rows.
  *   - M > 4 (prefill): A is packed once into 4-row micro-panels; a task decodes its 48 weight rows x K to float32
  *     once, in 3-row micro-panels (thread-local), then register tiles of 4 activation rows x 3 weight rows (12
  *     accumulators) run over K blocks of 512 (L1-resident), keeping their 8-lane partial sums in a thread-local
@@ -29,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "qo_cpu_simd.h"
 #include "qo_fp_formats.h"
 #include "qo_kernels.h"
 
@@ -133,7 +137,7 @@ typedef struct {
   int64_t col_scale_count;
   float* Y;
   int64_t rows_per_task;
-  int avx2;
+  int isa;                 /* QO_ISA_*: the path run_gemm picked */
   const float* a_pack;     /* M > 4 on AVX2: A in 4-row micro-panels, see pack_a */
   volatile int failed;
 } qo_job;
@@ -422,6 +426,297 @@ static void avx_tile_4x3(const float* a, const float* p, int64_t steps, float* p
     for (int r = 0; r < 3; ++r) _mm256_storeu_ps(part + (i * 3 + r) * QO_LANES, acc[i][r]);
 }
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+/* ---------------- AVX-512 path (F + BW + VL + DQ; x86-64, picked at run time) ----------------
+ * The same lanes and the same order as above, twice as wide: one zmm holds the 8-lane accumulators of TWO outputs
+ * (low 256 bits one, high 256 bits the other), so every lane still accumulates k = 8i + j in increasing i by one
+ * FMA per step, and the halves end in the AVX2 fold. Bit-identical to the AVX2 and portable paths (the decoded
+ * weights are exact, the integer decode steps are the same).
+ *   - GEMV (M <= 4): the two halves are two weight rows; 16 weight elements (8 of each row) decoded per zmm, the
+ *     activation's 8 floats broadcast to both halves.
+ *   - prefill (M > 4): the two halves are two activation rows (rows 2z and 2z+1 of a 4-row micro-panel: adjacent
+ *     in pack_a's layout, one zmm load), each weight row's 8 floats broadcast; register tile 8 activation rows x 6
+ *     weight rows (24 zmm accumulators) over the AVX2 path's decoded panels and partial-sum layout.
+ * The 16-wide format decodes (qoz_fp8x16, qoz_int8x16, qoz_bf16x16, qoz_join) live in qo_cpu_simd.h for other
+ * kernel files. */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
+#endif
+
+/* Weight elements k..k+31 (k % 32 == 0) of rows a (low halves) and b (high halves): out[s] = elements
+ * k+8s..k+8s+7 of both rows. */
+QO_INLINE void qoz_dec32_pair(const int fmt, const qo_weight* w, const uint8_t* ra, const uint8_t* rb,
+                              const uint8_t* sa, const uint8_t* sb, int64_t k, __m512 out[4]) {
+  if (fmt == QO_W_MXFP4 || fmt == QO_W_NVFP4) {
+    const __m256i x = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(ra + k / 2))),
+                                              _mm_loadu_si128((const __m128i*)(rb + k / 2)), 1);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i lo = _mm256_and_si256(x, m4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+    const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                           0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    /* per 128-bit lane (row): elements 0..15 and 16..31; qwords then reordered to [a q, b q | a q+1, b q+1] */
+    const __m256i v0 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(table, _mm256_unpacklo_epi8(lo, hi)), 0xD8);
+    const __m256i v1 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(table, _mm256_unpackhi_epi8(lo, hi)), 0xD8);
+    const int64_t b = k / qo_block_of(fmt);
+    const __m512 s0 = qoz_join(_mm256_set1_ps(w->half_scale[sa[b]]), _mm256_set1_ps(w->half_scale[sb[b]]));
+    const __m512 s1 = fmt == QO_W_MXFP4 ? s0 : qoz_join(_mm256_set1_ps(w->half_scale[sa[b + 1]]),
+                                                        _mm256_set1_ps(w->half_scale[sb[b + 1]]));
+    out[0] = _mm512_mul_ps(qoz_int8x16(_mm256_castsi256_si128(v0)), s0);
+    out[1] = _mm512_mul_ps(qoz_int8x16(_mm256_extracti128_si256(v0, 1)), s0);
+    out[2] = _mm512_mul_ps(qoz_int8x16(_mm256_castsi256_si128(v1)), s1);
+    out[3] = _mm512_mul_ps(qoz_int8x16(_mm256_extracti128_si256(v1, 1)), s1);
+    return;
+  }
+  if (fmt == QO_W_BF16) {
+    for (int s = 0; s < 4; ++s)
+      out[s] = qoz_bf16x16(_mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(ra + 2 * (k + 8 * s)))),
+          _mm_loadu_si128((const __m128i*)(rb + 2 * (k + 8 * s))), 1));
+    return;
+  }
+  if (fmt == QO_W_FP8) {
+    /* qwords of the two rows interleaved ([a 0-7, b 0-7 | a 16-23, b 16-23] and the odd ones), then qoz_fp8x32 */
+    const __m256i ca = _mm256_loadu_si256((const __m256i*)(ra + k)), cb = _mm256_loadu_si256((const __m256i*)(rb + k));
+    qoz_fp8x32(_mm256_unpacklo_epi64(ca, cb), &out[0], &out[2]);
+    qoz_fp8x32(_mm256_unpackhi_epi64(ca, cb), &out[1], &out[3]);
+    return;
+  }
+  for (int s = 0; s < 4; ++s)
+    out[s] = qoz_int8x16(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)(ra + k + 8 * s)),
+                                            _mm_loadl_epi64((const __m128i*)(rb + k + 8 * s))));
+}
+
+/* MXFP4 / NVFP4 elements k..k+31 of rows a and b (as qoz_dec32_pair) by two permutes per 16 elements (needs
+ * AVX512_VBMI): vpermb moves each element's nibble into the low byte of its dword (row b's nibbles + 16), and
+ * vpermt2ps looks the value up in the two rows' 16-entry tables 2 * e2m1 * half block scale (the products the
+ * other paths compute per element, the same float32 multiplications). */
+static const uint8_t QOZ_FP4_IDX[4][64] = {
+#define QOZ_L(s, L) (uint8_t)((((8 * (s) + (L) % 8) & 1) ? 32 : 0) + ((L) / 8) * 16 + (8 * (s) + (L) % 8) / 2)
+#define QOZ_D(s, L) QOZ_L(s, L), 0, 0, 0
+#define QOZ_ROW(s) QOZ_D(s, 0), QOZ_D(s, 1), QOZ_D(s, 2), QOZ_D(s, 3), QOZ_D(s, 4), QOZ_D(s, 5), QOZ_D(s, 6), \
+    QOZ_D(s, 7), QOZ_D(s, 8), QOZ_D(s, 9), QOZ_D(s, 10), QOZ_D(s, 11), QOZ_D(s, 12), QOZ_D(s, 13), QOZ_D(s, 14), \
+    QOZ_D(s, 15)
+    {QOZ_ROW(0)}, {QOZ_ROW(1)}, {QOZ_ROW(2)}, {QOZ_ROW(3)}};
+#undef QOZ_ROW
+#undef QOZ_D
+#undef QOZ_L
+
+#define QOZ_VBMI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")))
+static inline QOZ_VBMI void qoz_fp4_pair_vbmi(const int fmt, const qo_weight* w, const uint8_t* ra, const uint8_t* rb,
+                                 const uint8_t* sa, const uint8_t* sb, int64_t k, __m512 out[4]) {
+  const __m256i x = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(ra + k / 2))),
+                                            _mm_loadu_si128((const __m128i*)(rb + k / 2)), 1);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i row_b = _mm256_setr_epi64x(0, 0, 0x1010101010101010LL, 0x1010101010101010LL);
+  const __m256i lo = _mm256_or_si256(_mm256_and_si256(x, m4), row_b);
+  const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), m4), row_b);
+  const __m512i src = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); /* lo_a lo_b hi_a hi_b */
+  const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const int64_t b = k / qo_block_of(fmt);
+  __m512 ta = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sa[b]]));
+  __m512 tb = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sb[b]]));
+  for (int s = 0; s < 4; ++s) {
+    if (s == 2 && fmt == QO_W_NVFP4) {
+      ta = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sa[b + 1]]));
+      tb = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sb[b + 1]]));
+    }
+    const __m512i idx = _mm512_maskz_permutexvar_epi8(0x1111111111111111ULL,
+                                                      _mm512_loadu_si512((const void*)QOZ_FP4_IDX[s]), src);
+    out[s] = _mm512_permutex2var_ps(ta, idx, tb);
+  }
+}
+
+/* GEMV tile: mr activation rows (all of M) x np weight-row pairs starting at n. */
+QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* job, int64_t n, const int vbmi) {
+  const qo_weight* w = job->w;
+  const int64_t K = job->K, K8 = K & ~(int64_t)(QO_LANES - 1);
+  const float* A = job->A;
+  const uint8_t* rows[8];
+  const uint8_t* srows[8];
+  __m512 acc[4][4];
+  for (int r = 0; r < 2 * np; ++r) {
+    rows[r] = w->data + (n + r) * w->row_bytes;
+    srows[r] = w->scales ? w->scales + (n + r) * w->scales_per_row : NULL;
+  }
+  for (int p = 0; p < np; ++p)
+    for (int i = 0; i < mr; ++i) acc[i][p] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K8; k += 32) {
+    __m512 x[4][4];
+    for (int i = 0; i < mr; ++i)
+      for (int s = 0; s < 4; ++s) x[i][s] = _mm512_broadcast_f32x8(_mm256_loadu_ps(A + i * K + k + 8 * s));
+    for (int p = 0; p < np; ++p) {
+      __m512 wv[4];
+      if (vbmi)
+        qoz_fp4_pair_vbmi(fmt, w, rows[2 * p], rows[2 * p + 1], srows[2 * p], srows[2 * p + 1], k, wv);
+      else
+        qoz_dec32_pair(fmt, w, rows[2 * p], rows[2 * p + 1], srows[2 * p], srows[2 * p + 1], k, wv);
+      for (int s = 0; s < 4; ++s)
+        for (int i = 0; i < mr; ++i) acc[i][p] = _mm512_fmadd_ps(x[i][s], wv[s], acc[i][p]);
+    }
+  }
+  for (; k < K8; k += 8)
+    for (int p = 0; p < np; ++p) {
+      const __m512 wv = qoz_join(avx_dec8(fmt, w, rows[2 * p], srows[2 * p], k),
+                                 avx_dec8(fmt, w, rows[2 * p + 1], srows[2 * p + 1], k));
+      for (int i = 0; i < mr; ++i)
+        acc[i][p] = _mm512_fmadd_ps(_mm512_broadcast_f32x8(_mm256_loadu_ps(A + i * K + k)), wv, acc[i][p]);
+    }
+  const int t = (int)(K - K8);
+  for (int p = 0; p < np; ++p)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t nn = n + 2 * p + h;
+      float wt[QO_LANES];
+      for (int j = 0; j < t; ++j) wt[j] = decode_one(w, nn, K8 + j);
+      for (int i = 0; i < mr; ++i) {
+        const __m256 lanes = h ? _mm512_extractf32x8_ps(acc[i][p], 1) : _mm512_castps512_ps256(acc[i][p]);
+        if (t == 0) {
+          job->Y[i * job->N + nn] = avx_fold_scale(lanes, out_scale(job, i, nn));
+        } else {
+          float l[QO_LANES];
+          _mm256_storeu_ps(l, lanes);
+          job->Y[i * job->N + nn] = finish(l, A + i * K + K8, wt, t, out_scale(job, i, nn));
+        }
+      }
+    }
+}
+
+QO_INLINE void qoz_gemv_rows(const int fmt, qo_job* job, int64_t n0, int64_t n1, const int vbmi) {
+  int64_t n = n0;
+  switch (job->M) {
+    case 1:
+      for (; n + 8 <= n1; n += 8) qoz_gemv_tile(fmt, 1, 4, job, n, vbmi);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 1, 1, job, n, vbmi);
+      break;
+    case 2:
+      for (; n + 8 <= n1; n += 8) qoz_gemv_tile(fmt, 2, 4, job, n, vbmi);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 2, 1, job, n, vbmi);
+      break;
+    case 3:
+      for (; n + 4 <= n1; n += 4) qoz_gemv_tile(fmt, 3, 2, job, n, vbmi);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 3, 1, job, n, vbmi);
+      break;
+    default:
+      for (; n + 4 <= n1; n += 4) qoz_gemv_tile(fmt, 4, 2, job, n, vbmi);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 4, 1, job, n, vbmi);
+      break;
+  }
+  for (; n < n1; ++n) avx_gemv_tile(fmt, (int)job->M, 1, job, n); /* an odd last row: the AVX2 tile, same order */
+}
+
+#define QO_Z_FORMAT(F, name) \
+  static void qoz_gemv_##name(qo_job* job, int64_t n0, int64_t n1) { qoz_gemv_rows(F, job, n0, n1, 0); }
+QO_Z_FORMAT(QO_W_FP8, fp8)
+QO_Z_FORMAT(QO_W_INT8, int8)
+QO_Z_FORMAT(QO_W_BF16, bf16)
+QO_Z_FORMAT(QO_W_MXFP4, mxfp4)
+QO_Z_FORMAT(QO_W_NVFP4, nvfp4)
+static const qo_avx_gemv_fn qoz_gemv_by_format[] = {qoz_gemv_fp8, qoz_gemv_int8, qoz_gemv_bf16, qoz_gemv_mxfp4,
+                                                    qoz_gemv_nvfp4};
+
+/* The FP4 GEMVs with the permute decode, for CPUs with AVX512_VBMI too. */
+static QOZ_VBMI __attribute__((flatten)) void qoz_gemv_mxfp4_vbmi(qo_job* job, int64_t n0, int64_t n1) {
+  qoz_gemv_rows(QO_W_MXFP4, job, n0, n1, 1);
+}
+static QOZ_VBMI __attribute__((flatten)) void qoz_gemv_nvfp4_vbmi(qo_job* job, int64_t n0, int64_t n1) {
+  qoz_gemv_rows(QO_W_NVFP4, job, n0, n1, 1);
+}
+
+/* Prefill register tile: ma 4-row micro-panels (a[0..ma-1]) x nb 3-row weight groups (p[0..nb-1]) over `steps`
+ * 8-element steps; zmm (z, r) of micro-panel q holds activation rows 2z (low) and 2z+1 (high) against weight row r.
+ * The partial sums use the AVX2 tile's layout (part[q][u]: 12 x 8 floats, (row * 3 + r) * 8). */
+QO_INLINE void qoz_tile(const int ma, const int nb, const float* const a[2], const float* const p[2], int64_t steps,
+                        float* const part[2][2], int first) {
+  __m512 acc[2][2][2][3]; /* [q][z][u][r] */
+  for (int q = 0; q < ma; ++q)
+    for (int z = 0; z < 2; ++z)
+      for (int u = 0; u < nb; ++u)
+        for (int r = 0; r < 3; ++r) {
+          const float* lo = part[q][u] + ((2 * z) * 3 + r) * QO_LANES;
+          acc[q][z][u][r] = first ? _mm512_setzero_ps()
+                                  : qoz_join(_mm256_loadu_ps(lo), _mm256_loadu_ps(lo + 3 * QO_LANES));
+        }
+  const float* ap[2] = {a[0], a[ma - 1]};
+  const float* pp[2] = {p[0], p[nb - 1]};
+  for (int64_t s = 0; s < steps; ++s) {
+    __m512 x[2][2];
+    for (int q = 0; q < ma; ++q)
+      for (int z = 0; z < 2; ++z) x[q][z] = _mm512_loadu_ps(ap[q] + s * 32 + 16 * z);
+    for (int u = 0; u < nb; ++u)
+      for (int r = 0; r < 3; ++r) {
+        const __m512 wv = _mm512_broadcast_f32x8(_mm256_loadu_ps(pp[u] + s * 24 + 8 * r));
+        for (int q = 0; q < ma; ++q)
+          for (int z = 0; z < 2; ++z) acc[q][z][u][r] = _mm512_fmadd_ps(x[q][z], wv, acc[q][z][u][r]);
+      }
+  }
+  for (int q = 0; q < ma; ++q)
+    for (int z = 0; z < 2; ++z)
+      for (int u = 0; u < nb; ++u)
+        for (int r = 0; r < 3; ++r) {
+          float* lo = part[q][u] + ((2 * z) * 3 + r) * QO_LANES;
+          _mm256_storeu_ps(lo, _mm512_castps512_ps256(acc[q][z][u][r]));
+          _mm256_storeu_ps(lo + 3 * QO_LANES, _mm512_extractf32x8_ps(acc[q][z][u][r], 1));
+        }
+}
+
+static void qoz_tile_2x2(const float* const a[2], const float* const p[2], int64_t steps, float* const part[2][2],
+                         int first) {
+  qoz_tile(2, 2, a, p, steps, part, first);
+}
+static void qoz_tile_2x1(const float* const a[2], const float* const p[2], int64_t steps, float* const part[2][2],
+                         int first) {
+  qoz_tile(2, 1, a, p, steps, part, first);
+}
+static void qoz_tile_1x2(const float* const a[2], const float* const p[2], int64_t steps, float* const part[2][2],
+                         int first) {
+  qoz_tile(1, 2, a, p, steps, part, first);
+}
+static void qoz_tile_1x1(const float* const a[2], const float* const p[2], int64_t steps, float* const part[2][2],
+                         int first) {
+  qoz_tile(1, 1, a, p, steps, part, first);
+}
+
+/* One K block of the panel task (see avx_panel_task): micro-panels [mb/4, mb/4 + mtiles) x groups [0, ntiles). */
+static void qoz_panel_block(const float* a_pack, const float* panel, float* part, int64_t mb, int64_t mtiles,
+                            int64_t ntiles, int64_t kc, int64_t n_steps, int64_t steps) {
+  for (int64_t ti = 0; ti < mtiles; ti += 2) {
+    const int ma = mtiles - ti >= 2 ? 2 : 1;
+    const float* a[2] = {a_pack + ((mb / 4 + ti) * steps + kc) * 32, a_pack + ((mb / 4 + ti + ma - 1) * steps + kc) * 32};
+    for (int64_t u = 0; u < ntiles; u += 2) {
+      const int nb = ntiles - u >= 2 ? 2 : 1;
+      const float* p[2] = {panel + (u * steps + kc) * 24, panel + ((u + nb - 1) * steps + kc) * 24};
+      float* const pt[2][2] = {{part + (ti * ntiles + u) * 96, part + (ti * ntiles + u + nb - 1) * 96},
+                               {part + ((ti + ma - 1) * ntiles + u) * 96, part + ((ti + ma - 1) * ntiles + u + nb - 1) * 96}};
+      if (ma == 2)
+        (nb == 2 ? qoz_tile_2x2 : qoz_tile_2x1)(a, p, n_steps, pt, kc == 0);
+      else
+        (nb == 2 ? qoz_tile_1x2 : qoz_tile_1x1)(a, p, n_steps, pt, kc == 0);
+    }
+  }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
 static inline float* align64(float* p) { return (float*)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
 static void avx_panel_task(qo_job* job, int64_t n0, int64_t n1) {
@@ -444,6 +739,10 @@ static void avx_panel_task(qo_job* job, int64_t n0, int64_t n1) {
     const int64_t mcount = M - mb < QO_PANEL_MB ? M - mb : QO_PANEL_MB, mtiles = (mcount + 3) / 4;
     for (int64_t kc = 0; kc < steps; kc += kc_steps) {
       const int64_t n_steps = steps - kc < kc_steps ? steps - kc : kc_steps;
+      if (job->isa == QO_ISA_AVX512) {
+        qoz_panel_block(job->a_pack, panel, part, mb, mtiles, ntiles, kc, n_steps, steps);
+        continue;
+      }
 #ifdef QO_PANEL_N_OUTER
       for (int64_t u = 0; u < ntiles; ++u)
         for (int64_t ti = 0; ti < mtiles; ++ti)
@@ -495,17 +794,44 @@ static void pack_a(const float* A, int64_t M, int64_t K, float* out) {
 #endif /* QO_X86_AVX2 */
 
 /* ---------------- dispatch and the parallel loop ---------------- */
-static int use_avx2(void) {
+/* The widest path this CPU runs, lowered by QO_CPU_KERNELS=portable | avx2 | avx512 (qo_cpu_simd.h; tests and
+ * benchmarks compare the paths bit for bit; a path the CPU lacks is never picked). */
+int qo_cpu_isa(void) {
 #if QO_X86_AVX2
   static int supported = -1;
   if (supported < 0) {
     __builtin_cpu_init();
-    supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#if defined(__clang__) && __clang_major__ < 16
+    /* clang 14's __builtin_cpu_supports has no "f16c" (every AVX2 CPU has F16C) */
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#endif
+    const int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    supported = avx512 ? QO_ISA_AVX512 : avx2 ? QO_ISA_AVX2 : QO_ISA_PORTABLE;
   }
-  const char* force = getenv("QO_CPU_KERNELS"); /* "portable": the C path (tests compare the two bit for bit) */
-  if (force && strcmp(force, "portable") == 0) return 0;
-  if (_mm_getcsr() & 0x0040) return 0; /* DAZ set: the fp16 route of the e4m3 decode might flush its subnormals */
-  return supported;
+  int isa = supported;
+  const char* force = getenv("QO_CPU_KERNELS");
+  if (force && strcmp(force, "portable") == 0) isa = QO_ISA_PORTABLE;
+  if (force && strcmp(force, "avx2") == 0 && isa > QO_ISA_AVX2) isa = QO_ISA_AVX2;
+  if (_mm_getcsr() & 0x0040) return QO_ISA_PORTABLE; /* DAZ set: the fp16 route of the e4m3 decode might flush */
+  return isa;
+#else
+  return QO_ISA_PORTABLE;
+#endif
+}
+
+/* AVX512_VBMI as well (the FP4 GEMV's permute decode); QO_CPU_KERNELS=avx512-novbmi turns it off (tests). */
+static int qo_cpu_vbmi(void) {
+#if QO_X86_AVX2
+  static int supported = -1;
+  if (supported < 0) {
+    __builtin_cpu_init();
+    supported = __builtin_cpu_supports("avx512vbmi");
+  }
+  const char* force = getenv("QO_CPU_KERNELS");
+  return supported && !(force && strcmp(force, "avx512-novbmi") == 0);
 #else
   return 0;
 #endif
@@ -514,11 +840,17 @@ static int use_avx2(void) {
 /* Weight rows [n0, n1) of a job: the one dispatch point (also qo_cpu_weight_rows_f32's). */
 static void rows_task(qo_job* job, int64_t n0, int64_t n1) {
 #if QO_X86_AVX2
-  if (job->avx2) {
-    if (job->M <= QO_GEMV_MAX_M)
-      avx_gemv_by_format[job->w->fmt](job, n0, n1);
+  if (job->isa != QO_ISA_PORTABLE) {
+    if (job->M > QO_GEMV_MAX_M)
+      avx_panel_task(job, n0, n1); /* the AVX-512 tiles are picked inside */
+    else if (job->isa == QO_ISA_AVX512 && job->w->fmt == QO_W_MXFP4 && qo_cpu_vbmi())
+      qoz_gemv_mxfp4_vbmi(job, n0, n1);
+    else if (job->isa == QO_ISA_AVX512 && job->w->fmt == QO_W_NVFP4 && qo_cpu_vbmi())
+      qoz_gemv_nvfp4_vbmi(job, n0, n1);
+    else if (job->isa == QO_ISA_AVX512)
+      qoz_gemv_by_format[job->w->fmt](job, n0, n1);
     else
-      avx_panel_task(job, n0, n1);
+      avx_gemv_by_format[job->w->fmt](job, n0, n1);
     return;
   }
 #endif
@@ -546,10 +878,10 @@ int qo_cpu_parallel_for(qo_task_fn task, size_t total, void* data) {
 static int run_gemm(const float* A, int64_t M, int64_t N, int64_t K, const qo_weight* w, const float* row_scale,
                     const float* col_scale, int64_t col_scale_count, float* Y) {
   fp8_value_table();
-  qo_job job = {A, M, N, K, w, row_scale, col_scale, col_scale_count, Y, QO_GEMV_ROWS, use_avx2(), NULL, 0};
+  qo_job job = {A, M, N, K, w, row_scale, col_scale, col_scale_count, Y, QO_GEMV_ROWS, qo_cpu_isa(), NULL, 0};
   float* a_pack = NULL;
 #if QO_X86_AVX2
-  if (job.avx2 && M > QO_GEMV_MAX_M) {
+  if (job.isa != QO_ISA_PORTABLE && M > QO_GEMV_MAX_M) {
     job.rows_per_task = QO_PANEL_ROWS;
     a_pack = (float*)malloc(sizeof(float) * (size_t)((M + 3) / 4 * 4 * (K / QO_LANES) * QO_LANES + 16));
     if (!a_pack) return QO_ERR_ALLOC;
@@ -851,9 +1183,9 @@ int qo_cpu_weight_rows_f32(int fmt, const float* A, int64_t M, int64_t N, int64_
     default: return QO_ERR_ARGUMENT;
   }
   fp8_value_table();
-  qo_job job = {A, M, N, K, &w, NULL, col_scale, col_scale_count, Y, n1 - n0, use_avx2(), NULL, 0};
+  qo_job job = {A, M, N, K, &w, NULL, col_scale, col_scale_count, Y, n1 - n0, qo_cpu_isa(), NULL, 0};
 #if QO_X86_AVX2
-  if (job.avx2 && M > QO_GEMV_MAX_M) { /* A packed as run_gemm packs it, into this thread's buffer */
+  if (job.isa != QO_ISA_PORTABLE && M > QO_GEMV_MAX_M) { /* A packed as run_gemm packs it, into this thread's buffer */
     float* pack = tls_grow(&tls_apack, &tls_apack_floats, (size_t)((M + 3) / 4 * 4 * (K / QO_LANES) * QO_LANES + 16));
     if (!pack) return QO_ERR_ALLOC;
     job.a_pack = align64(pack);

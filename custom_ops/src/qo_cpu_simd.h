@@ -1,0 +1,82 @@
+/* Shared by the CPU kernel sources (qo_cpu_kernels.c and any other kernel file): which SIMD path to run, and the
+ * AVX-512 decode helpers of the compact weight formats.
+ *
+ * qo_cpu_isa(): the widest path this CPU runs (QO_ISA_AVX512 needs AVX-512 F + BW + VL + DQ, QO_ISA_AVX2 needs
+ * AVX2 + FMA + F16C; __builtin_cpu_supports, detected once), lowered by the environment variable
+ * QO_CPU_KERNELS=portable | avx2 | avx512 (read at every call, for tests and benchmarks; a path the CPU lacks is
+ * never picked), and QO_ISA_PORTABLE while the caller's MXCSR has DAZ set (denormal inputs would be flushed).
+ * Every path must give the same bits (the fixed summation order of qo_cpu_kernels.c's header comment).
+ *
+ * The qoz_* helpers carry their own target attribute, so a file can include this header without pragmas; they
+ * inline into functions compiled for AVX-512 (F/BW/VL/DQ) only. Each decodes exactly (no rounding):
+ *   qoz_join(lo, hi)            two 8-float vectors as one zmm [lo | hi]
+ *   qoz_fp8x16(codes, normal)   16 e4m3fn codes -> float32 (integer route when every magnitude is 8..0x7E, else
+ *                               the fp16 route; NaN codes -> +qNaN); qoz_fp8_special32(p) says which to take
+ *   qoz_fp8x32(codes, lo, hi)   32 e4m3fn codes -> 2 x 16 float32, no branch (the fp16 route for every code)
+ *   qoz_int8x16(codes)          16 int8 -> float32
+ *   qoz_bf16x16(bits)           16 bf16 bit patterns -> float32 */
+#ifndef QO_CPU_SIMD_H
+#define QO_CPU_SIMD_H
+
+#include <stdint.h>
+
+enum { QO_ISA_PORTABLE = 0, QO_ISA_AVX2 = 1, QO_ISA_AVX512 = 2 };
+
+/* Defined in qo_cpu_kernels.c (not exported from the library). */
+int qo_cpu_isa(void);
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(QO_NO_CLONES) && \
+    !defined(QO_PORTABLE_ONLY)
+#define QO_HAVE_AVX512_HELPERS 1
+#include <immintrin.h>
+
+#define QOZ_INLINE \
+  static inline __attribute__((always_inline, target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+
+QOZ_INLINE __m512 qoz_join(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
+
+QOZ_INLINE __m512 qoz_fp8x16(__m128i codes, int all_normal) {
+  if (all_normal) { /* sign to bit 31, magnitude to bits 20..26, + 120 on the float32 exponent */
+    const __m512i x = _mm512_cvtepi8_epi32(codes);
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_and_si512(_mm512_slli_epi32(x, 20),
+                                                                 _mm512_set1_epi32((int)0x87F00000u)),
+                                                _mm512_set1_epi32(120 << 23)));
+  }
+  /* fp16 2^-8 times the value (subnormal codes on fp16 subnormals), widened exactly, times 2^8 (exact) */
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(codes), 7),
+                                     _mm256_set1_epi16((short)0xBF80));
+  const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+  const __m128i m7f = _mm_set1_epi8(0x7F);
+  const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_and_si128(codes, m7f), m7f);
+  return _mm512_mask_blend_ps(nan, v, _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+}
+
+/* 32 e4m3fn codes -> float32, codes 0..15 into *lo and 16..31 into *hi, every code exact and without a branch:
+ * the fp16 route of qoz_fp8x16 (sign to bit 15, magnitude to bits 7..13: an fp16 number 2^-8 times the value,
+ * subnormal codes on fp16 subnormals; vcvtph2ps widens exactly, times 2^8 is exact), NaN codes -> +qNaN. */
+QOZ_INLINE void qoz_fp8x32(__m256i codes, __m512* lo, __m512* hi) {
+  const __m512i x = _mm512_cvtepi8_epi16(codes);
+  const __m512i h = _mm512_and_si512(_mm512_slli_epi16(x, 7), _mm512_set1_epi16((short)0xBF80));
+  const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_and_si512(x, _mm512_set1_epi16(0x7F)),
+                                                _mm512_set1_epi16(0x7F));
+  const __m512 k256 = _mm512_set1_ps(256.0f), qnan = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000));
+  *lo = _mm512_mask_blend_ps((__mmask16)nan, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), k256), qnan);
+  *hi = _mm512_mask_blend_ps((__mmask16)(nan >> 16),
+                             _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), k256), qnan);
+}
+
+QOZ_INLINE __m512 qoz_int8x16(__m128i codes) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)); }
+
+QOZ_INLINE __m512 qoz_bf16x16(__m256i bits) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+/* Any of the 32 e4m3fn codes at p zero, subnormal or NaN (magnitude + 1, as a signed byte, <= 8 exactly then)? */
+QOZ_INLINE int qoz_fp8_special32(const uint8_t* p) {
+  const __m256i raw = _mm256_loadu_si256((const __m256i*)p);
+  const __m256i t = _mm256_add_epi8(_mm256_and_si256(raw, _mm256_set1_epi8(0x7F)), _mm256_set1_epi8(1));
+  return _mm256_movemask_epi8(_mm256_cmpgt_epi8(_mm256_set1_epi8(9), t)) != 0;
+}
+#endif
+
+#endif /* QO_CPU_SIMD_H */
