@@ -4,7 +4,10 @@ Quark exports: a test module that needs some declares them at module level,
     QUARK_EXPORTS = [("llama_h64", "uint4_g64"), ...]      # (SHAPES key or TinyModelSpec, RECIPES key or QuantRecipe)
 and takes them from the session fixture `quark_exports` (quark_exports(shape, recipe) -> export dir). The first
 request in a session makes every missing export declared by the modules collected for this run in ONE Quark
-subprocess (amd-quark's import alone costs ~20 s); the cache survives sessions (QO_FIXTURE_CACHE).
+subprocess (amd-quark's import alone costs ~20 s); the cache survives sessions (QO_FIXTURE_CACHE). A module that
+also needs Quark's importer reference of some of them (tests/quark_importer_reference.py) declares those in
+    QUARK_IMPORTER_REFERENCES = [("qwen3_moe", "fp8_w8a8_kv"), ...]   # also listed in QUARK_EXPORTS
+and they are made in that same subprocess.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from quark_factory import (RECIPES, SHAPES, QuantRecipe, TinyModelSpec, ensure_e
 
 ExportItem = tuple[TinyModelSpec, QuantRecipe]
 _DECLARED = pytest.StashKey[list]()
+_DECLARED_REFS = pytest.StashKey[list]()
 
 
 def pytest_configure(config):
@@ -83,11 +87,11 @@ def _item(spec: TinyModelSpec | str, recipe: QuantRecipe | str) -> ExportItem:
     return (SHAPES[spec] if isinstance(spec, str) else spec, RECIPES[recipe] if isinstance(recipe, str) else recipe)
 
 
-def declared_exports(modules) -> list[ExportItem]:
-    """The QUARK_EXPORTS of these modules, in order, without repeats."""
+def declared_exports(modules, name: str = "QUARK_EXPORTS") -> list[ExportItem]:
+    """The QUARK_EXPORTS (or another such list) of these modules, in order, without repeats."""
     seen: dict[ExportItem, None] = {}
     for module in modules:
-        for spec, recipe in getattr(module, "QUARK_EXPORTS", ()):
+        for spec, recipe in getattr(module, name, ()):
             seen.setdefault(_item(spec, recipe))
     return list(seen)
 
@@ -96,6 +100,7 @@ def pytest_collection_finish(session):
     """After -k/-m deselection: remember what the modules of the selected tests declared."""
     modules = dict.fromkeys(item.module for item in session.items if getattr(item, "module", None) is not None)
     session.config.stash[_DECLARED] = declared_exports(modules)
+    session.config.stash[_DECLARED_REFS] = declared_exports(modules, "QUARK_IMPORTER_REFERENCES")
 
 
 class QuarkExports:
@@ -106,10 +111,11 @@ class QuarkExports:
     The first call also makes every missing export in `declared`, in the same (single) Quark subprocess.
     """
 
-    def __init__(self, root: Path, declared: list[ExportItem]):
+    def __init__(self, root: Path, declared: list[ExportItem], importer_refs: list[ExportItem] = ()):
         self.root = root
         self.declared = list(declared)
-        self._pending = list(declared)
+        self._pending = list(dict.fromkeys(list(declared) + list(importer_refs)))
+        self._refs = list(importer_refs)
 
     def many(self, items) -> list[Path]:
         wanted = [_item(s, r) for s, r in items]
@@ -119,7 +125,8 @@ class QuarkExports:
             warnings.warn(f"Quark exports {late} are not in any collected module's QUARK_EXPORTS: they are made "
                           "in a Quark subprocess of their own", stacklevel=2)
         batch, self._pending = list(dict.fromkeys(self._pending + wanted)), []
-        paths = dict(zip(batch, ensure_exports(self.root, batch)))
+        refs, self._refs = self._refs, []
+        paths = dict(zip(batch, ensure_exports(self.root, batch, importer_refs=refs)))
         return [paths[i] for i in wanted]
 
     def __call__(self, spec: TinyModelSpec | str = "llama_h64", recipe: QuantRecipe | str = "uint4_g64") -> Path:
@@ -130,4 +137,5 @@ class QuarkExports:
 def quark_exports(request) -> QuarkExports:
     if importlib.util.find_spec("quark") is None:
         pytest.skip("amd-quark is not installed (pip install -e .[test])")
-    return QuarkExports(fixture_cache_dir(), request.config.stash.get(_DECLARED, []))
+    return QuarkExports(fixture_cache_dir(), request.config.stash.get(_DECLARED, []),
+                        request.config.stash.get(_DECLARED_REFS, []))
