@@ -11,9 +11,13 @@ and they are made in that same subprocess.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -101,6 +105,67 @@ def pytest_collection_finish(session):
     modules = dict.fromkeys(item.module for item in session.items if getattr(item, "module", None) is not None)
     session.config.stash[_DECLARED] = declared_exports(modules)
     session.config.stash[_DECLARED_REFS] = declared_exports(modules, "QUARK_IMPORTER_REFERENCES")
+    _start_real_exports(session, modules)
+
+
+# The real model's exports (tests/real_model.py: a 135M model quantized 8 ways, minutes of CPU) are made in ONE
+# amd-quark subprocess. From an empty cache it starts in the background as soon as collection ends, so it runs on
+# the second core while the (mostly single-threaded) tiny-model tests run on the first; tests/test_real_model.py's
+# tests wait for it (pytest_runtest_setup below), and their fixture then finds the exports complete. If it failed,
+# the fixture makes them again itself and reports the error. QO_REAL_BACKGROUND=0: no background start.
+_REAL_JOB = pytest.StashKey[object]()
+
+
+def _start_real_exports(session, modules) -> None:
+    real = next((m for m in modules if m.__name__ == "test_real_model"), None)
+    if real is None or os.environ.get("QO_REAL_BACKGROUND", "1") == "0":
+        return
+    import real_model
+    if importlib.util.find_spec("quark") is None or real_model.gguf_path() is None:
+        return  # the fixture skips, saying why
+    root = fixture_cache_dir()
+    missing = [r for r in real_model.REAL_SCHEMES.values()
+               if not real_model.is_complete(real_model.export_dir_for(root, r))]
+    if not missing:
+        return
+    # the same job ensure_real_exports(root, REAL_SCHEMES) would run, but started without waiting for it
+    env = real_model._quiet_env()
+    env["OMP_NUM_THREADS"] = env.get("QO_REAL_THREADS", "2")  # as ensure_real_exports
+    log = tempfile.NamedTemporaryFile("w+", prefix="qo-real-model-job-", suffix=".log", delete=False)
+    proc = subprocess.Popen([sys.executable, real_model.__file__, "job", "-"], stdin=subprocess.PIPE, stdout=log,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    proc.stdin.write(json.dumps(dict(root=str(root), recipes=[dataclasses.asdict(r) for r in missing], long=False)))
+    proc.stdin.close()
+    session.config.stash[_REAL_JOB] = (proc, log)
+
+
+def pytest_runtest_setup(item):
+    job = item.config.stash.get(_REAL_JOB, None)
+    if job is None or getattr(getattr(item, "module", None), "__name__", None) != "test_real_model":
+        return
+    proc, log = job
+    try:
+        rc = proc.wait(timeout=1800)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait()
+    if rc != 0:
+        log.seek(0)
+        warnings.warn(f"the background real-model export job failed (rc={rc}); the fixture retries:\n"
+                      f"{log.read()[-2000:]}", stacklevel=1)
+    log.close()
+    Path(log.name).unlink(missing_ok=True)
+    del item.config.stash[_REAL_JOB]
+
+
+def pytest_unconfigure(config):
+    job = config.stash.get(_REAL_JOB, None)
+    if job is not None:  # the session ended (or was interrupted) before test_real_model ran
+        proc, log = job
+        proc.kill()
+        proc.wait()
+        log.close()
+        Path(log.name).unlink(missing_ok=True)
 
 
 class QuarkExports:
