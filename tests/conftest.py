@@ -118,7 +118,7 @@ _REAL_JOB = pytest.StashKey[object]()
 
 def _start_real_exports(session, modules) -> None:
     real = next((m for m in modules if m.__name__ == "test_real_model"), None)
-    if real is None or os.environ.get("QO_REAL_BACKGROUND", "1") == "0":
+    if real is None or session.config.option.collectonly or os.environ.get("QO_REAL_BACKGROUND", "1") == "0":
         return
     import real_model
     if importlib.util.find_spec("quark") is None or real_model.gguf_path() is None:
