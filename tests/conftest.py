@@ -4,13 +4,20 @@ Quark exports: a test module that needs some declares them at module level,
     QUARK_EXPORTS = [("llama_h64", "uint4_g64"), ...]      # (SHAPES key or TinyModelSpec, RECIPES key or QuantRecipe)
 and takes them from the session fixture `quark_exports` (quark_exports(shape, recipe) -> export dir). The first
 request in a session makes every missing export declared by the modules collected for this run in ONE Quark
-subprocess (amd-quark's import alone costs ~20 s); the cache survives sessions (QO_FIXTURE_CACHE).
+subprocess (amd-quark's import alone costs ~20 s); the cache survives sessions (QO_FIXTURE_CACHE). A module that
+also needs Quark's importer reference of some of them (tests/quark_importer_reference.py) declares those in
+    QUARK_IMPORTER_REFERENCES = [("qwen3_moe", "fp8_w8a8_kv"), ...]   # also listed in QUARK_EXPORTS
+and they are made in that same subprocess.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -25,6 +32,7 @@ from quark_factory import (RECIPES, SHAPES, QuantRecipe, TinyModelSpec, ensure_e
 
 ExportItem = tuple[TinyModelSpec, QuantRecipe]
 _DECLARED = pytest.StashKey[list]()
+_DECLARED_REFS = pytest.StashKey[list]()
 
 
 def pytest_configure(config):
@@ -83,11 +91,11 @@ def _item(spec: TinyModelSpec | str, recipe: QuantRecipe | str) -> ExportItem:
     return (SHAPES[spec] if isinstance(spec, str) else spec, RECIPES[recipe] if isinstance(recipe, str) else recipe)
 
 
-def declared_exports(modules) -> list[ExportItem]:
-    """The QUARK_EXPORTS of these modules, in order, without repeats."""
+def declared_exports(modules, name: str = "QUARK_EXPORTS") -> list[ExportItem]:
+    """The QUARK_EXPORTS (or another such list) of these modules, in order, without repeats."""
     seen: dict[ExportItem, None] = {}
     for module in modules:
-        for spec, recipe in getattr(module, "QUARK_EXPORTS", ()):
+        for spec, recipe in getattr(module, name, ()):
             seen.setdefault(_item(spec, recipe))
     return list(seen)
 
@@ -96,6 +104,68 @@ def pytest_collection_finish(session):
     """After -k/-m deselection: remember what the modules of the selected tests declared."""
     modules = dict.fromkeys(item.module for item in session.items if getattr(item, "module", None) is not None)
     session.config.stash[_DECLARED] = declared_exports(modules)
+    session.config.stash[_DECLARED_REFS] = declared_exports(modules, "QUARK_IMPORTER_REFERENCES")
+    _start_real_exports(session, modules)
+
+
+# The real model's exports (tests/real_model.py: a 135M model quantized 8 ways, minutes of CPU) are made in ONE
+# amd-quark subprocess. From an empty cache it starts in the background as soon as collection ends, so it runs on
+# the second core while the (mostly single-threaded) tiny-model tests run on the first; tests/test_real_model.py's
+# tests wait for it (pytest_runtest_setup below), and their fixture then finds the exports complete. If it failed,
+# the fixture makes them again itself and reports the error. QO_REAL_BACKGROUND=0: no background start.
+_REAL_JOB = pytest.StashKey[object]()
+
+
+def _start_real_exports(session, modules) -> None:
+    real = next((m for m in modules if m.__name__ == "test_real_model"), None)
+    if real is None or session.config.option.collectonly or os.environ.get("QO_REAL_BACKGROUND", "1") == "0":
+        return
+    import real_model
+    if importlib.util.find_spec("quark") is None or real_model.gguf_path() is None:
+        return  # the fixture skips, saying why
+    root = fixture_cache_dir()
+    missing = [r for r in real_model.REAL_SCHEMES.values()
+               if not real_model.is_complete(real_model.export_dir_for(root, r))]
+    if not missing:
+        return
+    # the same job ensure_real_exports(root, REAL_SCHEMES) would run, but started without waiting for it
+    env = real_model._quiet_env()
+    env["OMP_NUM_THREADS"] = env.get("QO_REAL_THREADS", "2")  # as ensure_real_exports
+    log = tempfile.NamedTemporaryFile("w+", prefix="qo-real-model-job-", suffix=".log", delete=False)
+    proc = subprocess.Popen([sys.executable, real_model.__file__, "job", "-"], stdin=subprocess.PIPE, stdout=log,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    proc.stdin.write(json.dumps(dict(root=str(root), recipes=[dataclasses.asdict(r) for r in missing], long=False)))
+    proc.stdin.close()
+    session.config.stash[_REAL_JOB] = (proc, log)
+
+
+def pytest_runtest_setup(item):
+    job = item.config.stash.get(_REAL_JOB, None)
+    if job is None or getattr(getattr(item, "module", None), "__name__", None) != "test_real_model":
+        return
+    proc, log = job
+    try:
+        rc = proc.wait(timeout=1800)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait()
+    if rc != 0:
+        log.seek(0)
+        warnings.warn(f"the background real-model export job failed (rc={rc}); the fixture retries:\n"
+                      f"{log.read()[-2000:]}", stacklevel=1)
+    log.close()
+    Path(log.name).unlink(missing_ok=True)
+    del item.config.stash[_REAL_JOB]
+
+
+def pytest_unconfigure(config):
+    job = config.stash.get(_REAL_JOB, None)
+    if job is not None:  # the session ended (or was interrupted) before test_real_model ran
+        proc, log = job
+        proc.kill()
+        proc.wait()
+        log.close()
+        Path(log.name).unlink(missing_ok=True)
 
 
 class QuarkExports:
@@ -106,10 +176,11 @@ class QuarkExports:
     The first call also makes every missing export in `declared`, in the same (single) Quark subprocess.
     """
 
-    def __init__(self, root: Path, declared: list[ExportItem]):
+    def __init__(self, root: Path, declared: list[ExportItem], importer_refs: list[ExportItem] = ()):
         self.root = root
         self.declared = list(declared)
-        self._pending = list(declared)
+        self._pending = list(dict.fromkeys(list(declared) + list(importer_refs)))
+        self._refs = list(importer_refs)
 
     def many(self, items) -> list[Path]:
         wanted = [_item(s, r) for s, r in items]
@@ -119,7 +190,8 @@ class QuarkExports:
             warnings.warn(f"Quark exports {late} are not in any collected module's QUARK_EXPORTS: they are made "
                           "in a Quark subprocess of their own", stacklevel=2)
         batch, self._pending = list(dict.fromkeys(self._pending + wanted)), []
-        paths = dict(zip(batch, ensure_exports(self.root, batch)))
+        refs, self._refs = self._refs, []
+        paths = dict(zip(batch, ensure_exports(self.root, batch, importer_refs=refs)))
         return [paths[i] for i in wanted]
 
     def __call__(self, spec: TinyModelSpec | str = "llama_h64", recipe: QuantRecipe | str = "uint4_g64") -> Path:
@@ -130,4 +202,5 @@ class QuarkExports:
 def quark_exports(request) -> QuarkExports:
     if importlib.util.find_spec("quark") is None:
         pytest.skip("amd-quark is not installed (pip install -e .[test])")
-    return QuarkExports(fixture_cache_dir(), request.config.stash.get(_DECLARED, []))
+    return QuarkExports(fixture_cache_dir(), request.config.stash.get(_DECLARED, []),
+                        request.config.stash.get(_DECLARED_REFS, []))

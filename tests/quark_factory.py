@@ -384,12 +384,19 @@ def make_many(root: str | Path, items: Iterable[tuple[TinyModelSpec, QuantRecipe
 
 
 def ensure_exports(root: str | Path, items: list[tuple[TinyModelSpec, QuantRecipe]], prompt_len=8,
-                   new_tokens=16, timeout_s: float = 900) -> list[Path]:
-    """Like make_many, but makes missing exports in a subprocess (Quark is never imported by the caller)."""
+                   new_tokens=16, timeout_s: float = 900, importer_refs=()) -> list[Path]:
+    """Like make_many, but makes missing exports in a subprocess (Quark is never imported by the caller).
+
+    importer_refs: items (of `items`) that also get Quark's importer reference (tests/quark_importer_reference.py),
+    made in the same subprocess: one amd-quark import (~30 CPU s, most of it Quark scanning transformers' modeling
+    files at import) instead of one more."""
     paths = [export_dir_for(root, s, r, prompt_len, new_tokens) for s, r in items]
     missing = [(s, r) for (s, r), p in zip(items, paths) if not is_complete(p)]
-    if missing:
-        job = dict(root=str(root), prompt_len=prompt_len, new_tokens=new_tokens,
+    from quark_importer_reference import CACHE_NAME
+    wanted_refs = set(importer_refs)
+    refs = [str(p) for item, p in zip(items, paths) if item in wanted_refs and not (p / CACHE_NAME).is_file()]
+    if missing or refs:
+        job = dict(root=str(root), prompt_len=prompt_len, new_tokens=new_tokens, importer_refs=refs,
                    items=[dict(spec=dataclasses.asdict(s), recipe=dataclasses.asdict(r)) for s, r in missing])
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "job", "-"], input=json.dumps(job),
                               text=True, capture_output=True, timeout=timeout_s, env=_quiet_env())
@@ -696,6 +703,9 @@ def _main(argv: list[str] | None = None) -> int:
         job = json.loads(sys.stdin.read() if args.file == "-" else Path(args.file).read_text())
         items = [(TinyModelSpec(**it["spec"]), recipe_from_dict(it["recipe"])) for it in job["items"]]
         make_many(job["root"], items, job["prompt_len"], job["new_tokens"])
+        if job.get("importer_refs"):
+            from quark_importer_reference import make_all
+            make_all([Path(d) for d in job["importer_refs"]])
         return 0
     if args.cmd == "matrix":
         shapes, recipes = list(SHAPES), list(RECIPES)

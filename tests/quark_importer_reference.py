@@ -8,7 +8,8 @@ importer == in-memory logits exactly for the recipes without KV-cache scales).
 
 importer_references([export dirs]) -> [dict(logits, greedy, greedy_margins)], cached as
 <export>/importer_reference.npz (written atomically next to the factory's files); missing ones are made in ONE
-subprocess (Quark's import costs ~20 s), never in the calling process.
+subprocess (Quark's import costs ~20 s), never in the calling process. A test module that declares
+QUARK_IMPORTER_REFERENCES (tests/conftest.py) gets them made in the session's one quark_factory subprocess instead.
 CLI (the subprocess): python tests/quark_importer_reference.py DIR [DIR ...]
 """
 from __future__ import annotations
@@ -49,6 +50,12 @@ def _make(export_dir: Path) -> None:
     tmp.replace(export_dir / CACHE_NAME)
 
 
+def make_all(export_dirs: list[Path]) -> None:
+    """In this process (which may import Quark): every missing importer_reference.npz."""
+    for d in export_dirs:
+        if not (Path(d) / CACHE_NAME).is_file():
+            _make(Path(d))
+
+
 if __name__ == "__main__":
-    for arg in sys.argv[1:]:
-        _make(Path(arg))
+    make_all([Path(a) for a in sys.argv[1:]])

@@ -1,21 +1,21 @@
 """Bad input: one line naming file/layer/field/value, exit code 2, no traceback, no output folder left."""
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from bad_input_kit import run_cli
 from synthetic_export import QUANT_CONFIG, write_synthetic_export
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_builder(*args):
-    return subprocess.run([sys.executable, "-m", "builder", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True)
+def run_builder(*args, spawn: bool | None = None):
+    """`python -m builder ARGS` from the repo root: forked from this warm process (tests/bad_input_kit.py; a fresh
+    interpreter costs ~1 CPU s of imports per case), or a real subprocess with spawn=True (or QO_CORPUS_SPAWN=1)."""
+    return run_cli(args, cwd=REPO, spawn=spawn)
 
 
 def quant(**weight_overrides):
@@ -91,7 +91,7 @@ def test_bad_hyper_parameters(tmp_path, overrides, needle):
 
 def test_verbose_shows_traceback(tmp_path):
     src = write_synthetic_export(tmp_path / "src", config_overrides={"architectures": ["Nope"]})
-    r = run_builder("-i", src, "-o", tmp_path / "out", "--verbose")
+    r = run_builder("-i", src, "-o", tmp_path / "out", "--verbose", spawn=True)  # one true `python -m builder`
     assert r.returncode != 0 and "Traceback" in r.stderr
 
 
@@ -152,8 +152,9 @@ def test_config_disagreeing_with_tensors_is_refused(tmp_path):
 
 def test_convert_twice_byte_identical(tmp_path):
     src = write_synthetic_export(tmp_path / "src")
-    for out in ("a", "b"):
-        assert run_builder("-i", src, "-o", tmp_path / out).returncode == 0
+    # "b" in a fresh interpreter: its own str-hash seed, so set/dict-order dependence would show
+    for out, spawn in (("a", False), ("b", True)):
+        assert run_builder("-i", src, "-o", tmp_path / out, spawn=spawn).returncode == 0
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "b").iterdir())
     for name in names:

@@ -99,18 +99,23 @@ def test_first_request_makes_every_declared_export_in_one_call(monkeypatch, tmp_
 
     calls = []
 
-    def fake_ensure(root, items):
+    refs = []
+
+    def fake_ensure(root, items, importer_refs=()):
         calls.append([r.name for _, r in items])
+        refs.append([r.name for _, r in importer_refs])
         return [root / r.name for _, r in items]
 
     monkeypatch.setattr(conftest, "ensure_exports", fake_ensure)
     modules = [types.SimpleNamespace(QUARK_EXPORTS=[("llama_h64", "uint4_g64"), ("llama_h64", "mxfp4")]),
-               types.SimpleNamespace(QUARK_EXPORTS=[("llama_h64", "mxfp4")]), types.SimpleNamespace()]
-    exports = conftest.QuarkExports(tmp_path, conftest.declared_exports(modules))
+               types.SimpleNamespace(QUARK_EXPORTS=[("llama_h64", "mxfp4")], QUARK_IMPORTER_REFERENCES=[
+                   ("llama_h64", "mxfp4")]), types.SimpleNamespace()]
+    exports = conftest.QuarkExports(tmp_path, conftest.declared_exports(modules),
+                                    conftest.declared_exports(modules, "QUARK_IMPORTER_REFERENCES"))
     assert exports("llama_h64", "mxfp4") == tmp_path / "mxfp4"
-    assert calls == [["uint4_g64", "mxfp4"]]
+    assert calls == [["uint4_g64", "mxfp4"]] and refs == [["mxfp4"]]  # importer references in the same job
     assert exports.many([("llama_h64", "uint4_g64")]) == [tmp_path / "uint4_g64"]
-    assert calls[1:] == [["uint4_g64"]]  # only a cache lookup from now on
+    assert calls[1:] == [["uint4_g64"]] and refs[1:] == [[]]  # only a cache lookup from now on
     with pytest.warns(UserWarning, match="not in any collected module"):
         exports("llama_h64", "nvfp4")
 

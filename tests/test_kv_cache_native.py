@@ -10,14 +10,13 @@ Two CPU checks back the claims the builder relies on, each against a numpy refer
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import ml_dtypes
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from bad_input_kit import run_cli
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -155,8 +154,7 @@ def test_inspect_says_which_cache(exports):
     src = str(exports["fp8_w8a8_kv"] / "quark")
 
     def inspect(*args):
-        r = subprocess.run([sys.executable, "-m", "builder", "inspect", "-i", src, *args], capture_output=True,
-                           text=True)
+        r = run_cli(["inspect", "-i", src, *args])  # forked like `python -m builder` (tests/bad_input_kit.py)
         return r.returncode, r.stdout + r.stderr
 
     rc, text = inspect("-e", "cuda", "--extra_options", "kv_cache=native")

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+from bad_input_kit import run_cli
 from fp4_checks import LOGIT_TOL
 from independent_decode import dequantize_export
 from onnx import TensorProto as T
@@ -211,8 +210,8 @@ def test_fnuz_recoding_is_exact_for_every_e4m3fn_byte():
                                            ("mxfp4", "fp4_linear=dq_fp8"), ("nvfp4", "fp4_linear=native"),
                                            ("mxfp4", "fp4_linear=matmul_nbits8")])
 def test_unreadable_forms_are_refused_in_one_line(exports, tmp_path, recipe, option, ep):
-    r = subprocess.run([sys.executable, "-m", "builder", "-i", str(exports[recipe] / "quark"), "-o",
-                        str(tmp_path / "o"), "-e", ep, "--extra_options", option], capture_output=True, text=True)
+    # forked from this warm process like `python -m builder` (tests/bad_input_kit.py: ~1 CPU s of imports saved)
+    r = run_cli(["-i", exports[recipe] / "quark", "-o", tmp_path / "o", "-e", ep, "--extra_options", option])
     assert r.returncode == 2, r.stderr
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "not readable on" in lines[0] and option.split("=")[0] in lines[0], r.stderr
@@ -221,8 +220,7 @@ def test_unreadable_forms_are_refused_in_one_line(exports, tmp_path, recipe, opt
 
 def test_inspect_says_where_fnuz_fp8_computes_in_float(exports):
     def inspect(recipe):
-        r = subprocess.run([sys.executable, "-m", "builder", "inspect", "-i", str(exports[recipe] / "quark"),
-                            "-e", "rocm"], capture_output=True, text=True)
+        r = run_cli(["inspect", "-i", exports[recipe] / "quark", "-e", "rocm"])
         assert r.returncode == 0, r.stderr
         return r.stdout + r.stderr
     fp8 = inspect("fp8_w8a8_kv_attn")

@@ -28,6 +28,7 @@ CASES += [(s, r) for s in ("qwen3_moe_raw", "qwen2_moe") for r in ("uint4_g32", 
 KV_CASES = [("qwen3_moe", "mxfp4_kv"), ("qwen3_moe", "fp8_w8a8_kv")]  # FP8 KV cache (Qwen3-235B MXFP4 + KV FP8)
 QUARK_EXPORTS = CASES + KV_CASES + [("qwen3_moe", "ptpc_fp8"), ("qwen3_moe", "uint4_g32_router_not_excluded"),
                                      ("gpt_oss", "uint4_g32_router_not_excluded")]
+QUARK_IMPORTER_REFERENCES = KV_CASES  # made in the session's quark_factory subprocess (tests/conftest.py)
 SPARSE_LAYERS = {"qwen3_moe": 2, "qwen3_moe_raw": 1, "qwen2_moe": 2}
 QWEN3_MOE_CFG = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
                  "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
