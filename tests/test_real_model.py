@@ -203,7 +203,9 @@ def judge(r: dict, greedy: bool = True) -> list[str]:
         bad.append(f"|ppl delta| {100 * abs(r['ppl_rel']):.2f} % > max(0.5 %, floor {100 * floor:.2f} %)")
     if r["top1"] < r["floor_top1"]:
         bad.append(f"top-1 {r['top1']:.3f} < the floor's {r['floor_top1']:.3f}")
-    if greedy and floor < PPL_REL_TOL and any(a < b for a, b in zip(r["greedy_prefix"], r.get("nudged_prefix", ()))):
+    if greedy and floor < PPL_REL_TOL and "nudged_prefix" not in r:
+        bad.append("floor under 0.5 % but the reference has no nudged greedy tokens (real_model.reference_figures)")
+    elif greedy and floor < PPL_REL_TOL and any(a < b for a, b in zip(r["greedy_prefix"], r["nudged_prefix"])):
         bad.append(f"greedy prefix {r['greedy_prefix']} shorter than the nudged reference's {r['nudged_prefix']}")
     return bad
 
