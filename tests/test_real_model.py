@@ -212,7 +212,7 @@ def judge(r: dict, greedy: bool = True) -> list[str]:
 
 def figures(name: str, r: dict) -> str:
     if "floor_ppl_rel" not in r:
-        return f"{name}: ppl delta {100 * r['ppl_rel']:+.2e}, top-1 {r['top1']:.3f}, max|logit diff| {r['max_diff']:.2e}"
+        return f"{name}: ppl delta {100 * r['ppl_rel']:+.2e} %, top-1 {r['top1']:.3f}, max|logit diff| {r['max_diff']:.2e}"
     lo, hi = r["floor_ppl_range"]
     return (f"{name}: ppl delta {100 * r['ppl_rel']:+.2f} % (floor {100 * r['floor_ppl_rel']:.2f} %: nudged Quark "
             f"{100 * lo:+.2f} .. {100 * hi:+.2f} %), top-1 "
