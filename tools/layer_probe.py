@@ -80,8 +80,8 @@ def onnx_trace(onnx_dir: Path, ids: np.ndarray, names: list[str]) -> dict:
         hf = name.replace("model.layers.", "").split(".")  # [idx, self_attn|mlp, proj]
         idx, proj = hf[0], hf[-1]
         prefix = f"/model/layers.{idx}/{'attn' if hf[1] == 'self_attn' else 'mlp'}/{proj}/"
-        mm = [n for n in m.graph.node if n.name.startswith(prefix) and n.op_type in ("MatMul", "MatMulNBits",
-                                                                                     "MatMulInteger")]
+        # the projection's GEMM: MatMul, MatMulNBits, MatMulInteger or one of our compact forms (MatMulFp8, ...)
+        mm = [n for n in m.graph.node if n.name.startswith(prefix) and n.op_type.startswith("MatMul")]
         if not mm:
             continue
         node = mm[-1]
