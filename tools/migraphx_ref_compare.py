@@ -97,7 +97,7 @@ def compare(model_dir: Path, ids: np.ndarray, decode_steps: int = DECODE_STEPS) 
         raise ValueError(f"{ids.shape[1]} + {decode_steps} tokens do not fit the {BUFFER}-row shared buffer")
     sess = _ort_session(model)
     names = [o.name for o in sess.get_outputs()]
-    row = {"model": str(model_dir), "share_buffer": shared, "parses": None, "decode_steps": []}
+    row = {"model": model_dir.name, "share_buffer": shared, "parses": None, "decode_steps": []}
 
     def presents(out: dict) -> dict:
         return {n.replace("present", "past_key_values"): v for n, v in out.items() if n.startswith("present")}
@@ -171,7 +171,8 @@ def tiny_models(work: Path, cases, eps=("rocm",), extra: tuple[str, ...] = ()
     from builder.options import parse_extra_options
     items = [(SHAPES[shape], RECIPES[recipe]) for shape, recipe in cases]
     out = []
-    for (shape, recipe), export in zip(cases, ensure_exports(fixture_cache_dir(), items)):
+    cache = fixture_cache_dir()
+    for (shape, recipe), export in zip(cases, ensure_exports(cache, items)):
         for ep in eps:
             name = recipe if shape == "llama_h64" else f"{shape} {recipe}"
             name += "" if ep == "rocm" else f" [{ep}]"
@@ -180,7 +181,9 @@ def tiny_models(work: Path, cases, eps=("rocm",), extra: tuple[str, ...] = ()
                 convert(export / "quark", dest, ep, "fp32", parse_extra_options(list(extra)) if extra else None,
                         log=lambda _m: None, warn=lambda _m: None)
             except ConversionError as e:
-                out.append((name, f"refused by -e {ep}: {str(e).splitlines()[0][:300]}", None))
+                # the cache's own path is this machine's: the report names it as $QO_FIXTURE_CACHE
+                reason = str(e).splitlines()[0].replace(str(cache), "$QO_FIXTURE_CACHE")[:300]
+                out.append((name, f"refused by -e {ep}: {reason}", None))
                 continue
             out.append((name, dest, np.load(export / "reference.npz")["input_ids"]))
     return out
@@ -228,7 +231,7 @@ def main(argv=None) -> int:
                 continue
             digest = _graph_digest(path)
             if digest in done:
-                row = {**done[digest], "name": name, "model": str(path), "same_graph_as": done[digest]["name"]}
+                row = {**done[digest], "name": name, "model": path.name, "same_graph_as": done[digest]["name"]}
             else:
                 row = compare(path, model_ids, args.decode_steps)
                 row["name"] = name
