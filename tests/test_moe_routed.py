@@ -116,10 +116,15 @@ def test_decoded_token_reads_k_of_e_experts(quark_exports, tmp_path, shape, reci
 @pytest.mark.parametrize("recipe", ["nvfp4", "int8_w8a8"])
 def test_rocm_routes_nvfp4_and_int8_experts(quark_exports, tmp_path, recipe):
     """-e rocm gets the routed standard-op form of NVFP4 / INT8 W8A8 experts (the graph -e migraphx gets; its
-    numerics: the migraphx cases above), not the dense form."""
+    numerics: the migraphx cases above), not the dense form; the MIGraphX parser rules (If branches included) pass on
+    the fp16 graph the EP gets by default."""
+    from builder.ep_check import check_findings
+    from builder.ep_configs import get_ep
     export = quark_exports("qwen3_moe", recipe)
     ops = {ep: op_types(_build(export, tmp_path / ep, ep)) for ep in ("rocm", "migraphx")}
     assert ops["rocm"] == ops["migraphx"] and ops["rocm"]["If"] == SPARSE["qwen3_moe"], ops
+    fp16 = build(export, tmp_path / "fp16", "rocm", "fp16")
+    assert [f for f in check_findings(fp16 / "model.onnx", get_ep("migraphx")) if f.severity == "error"] == []
 
 
 def test_branch_threshold_is_an_option(quark_exports, tmp_path):
