@@ -524,7 +524,8 @@ def emit_routed_experts(ctx, x: str, routing: Routing, experts: list[tuple], act
 # quantization stays in standard ops in front of each node: dynamic MXFP4 on each projection's input (per row of 32,
 # so the same before or after the routing), or the chosen expert's own static parameters (InputQuant: FP8 input
 # scale, NVFP4 input_scale_2, INT8 scale and zero point; Gather of [E, 1] stacks: the gate/up input becomes
-# [T, k, H], one row per slot). INT8 W8A8 experts take the op only with zero weight zero points (MatMulInt8 has none). The kernel groups the (token,
+# [T, k, H], one row per slot). INT8 W8A8 experts take the op only with zero weight zero points (MatMulInt8 has
+# none). The kernel groups the (token,
 # slot) pairs by expert, so a prefill reads each chosen expert once (a token-sorted grouped GEMM): no If and no
 # every-expert branch (docs/moe.md, "CPU decode speed"). Without the library the nodes' ONNX functions run the
 # routed standard-op form (Gather of the chosen experts, decode, batched MatMul).
