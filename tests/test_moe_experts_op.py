@@ -104,8 +104,8 @@ def test_int8_experts_op_after_matmul_int8_layers(exports, tmp_path):
     """qwen3_moe INT8 W8A8 (its MLP-only layer 1 and the attention run MatMulInt8 with the library): the routed
     MatMulExpertsInt8 graph gives the logits of the dense form (every expert through MatMulInt8) built with the same
     library, and through the ONNX-function fallbacks both match Quark's model. Measured: 1.6e-2 from Quark with the
-    library for both forms (an int8 activation rounding that the kernels' fixed summation order and PyTorch's order
-    put on different sides: the same in the dense form), 1.3e-6 / 8.3e-7 through the fallbacks."""
+    library for both forms (one int8 step of one element of layer 2's q_proj input quantization, which the kernels'
+    last-bit differences put on the other side: docs/moe.md), 1.3e-6 / 8.3e-7 through the fallbacks."""
     export = exports[INT8_FLIP]
     ref = np.load(export / "reference.npz")
     routed = build(export, tmp_path / "routed", "cpu", "fp32", accuracy_level=1)
