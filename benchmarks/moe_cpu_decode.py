@@ -13,7 +13,9 @@ form of builder/ops/routed_experts.py), on a synthetic export.
 --qwen3_30b: Qwen3-30B-A3B's shape (hidden 2048, 32 heads / 4 KV heads of 128, 128 experts of width 768, top-8),
 vocabulary 4096 (the lm_head is not what is measured). --scheme mxfp4 writes MXFP4 weights with dynamic MXFP4
 activations everywhere (Quark's mxfp4 template; random codes, e8m0 scales 2^-9..2^-5). --scheme fp8: FP8 W8A8 weights and static
-per-tensor FP8 activations everywhere (Quark's fp8 template; codes of a Gaussian quantized per tensor).
+per-tensor FP8 activations everywhere (Quark's fp8 template; codes of a Gaussian quantized per tensor). --scheme nvfp4:
+NVFP4 weights (random e2m1 codes, e4m3 block scales) with Quark's NVFP4 activations (dynamic fp4 blocks of 16, static
+input_scale_2) everywhere (Quark's nvfp4 template).
 --gpt_oss_20b: gpt-oss-20b's expert shape (hidden 2880, 32 experts of width 2880, top-4; 64 / 8 heads of 64) on the
 Qwen3-MoE skeleton (SiLU experts without biases: the expert bytes and FLOPs of gpt-oss, not its attention sinks).
 --forms: dense (moe=dense), routed (moe=routed: QMoE for uint4; com.quark_onnx MatMulExperts* for MXFP4 / FP8 when
@@ -66,6 +68,22 @@ def fp8_tensors(rng, name: str, n_out: int, n_in: int) -> dict[str, np.ndarray]:
             f"{name}.input_scale": np.array(np.float32(0.01))}
 
 
+NVFP4_FP4 = {"dtype": "fp4", "qscheme": "per_group", "group_size": 16, "ch_axis": -1, "scale_format": "float32",
+             "round_method": "half_even", "is_dynamic": False, "is_scale_quant": False,
+             "observer_cls": "PerBlockMXObserver", "symmetric": None, "scale_type": "float32"}
+NVFP4_FP8 = {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False, "is_scale_quant": True,
+             "symmetric": True, "observer_cls": "PerTensorMinMaxObserver", "round_method": "half_even",
+             "scale_type": "float32", "ch_axis": None, "group_size": None}
+
+
+def nvfp4_tensors(rng, name: str, n_out: int, n_in: int) -> dict[str, np.ndarray]:
+    """Random e2m1 codes, e4m3 block scales 0.5..8, weight_scale_2 1e-3, input_scale_2 0.01 / (6 * 448) x 100."""
+    scales = rng.uniform(0.5, 8.0, (n_out, n_in // 16)).astype(np.float32).astype(ml_dtypes.float8_e4m3fn)
+    return {f"{name}.weight": np.frombuffer(rng.bytes(n_out * n_in // 2), np.uint8).reshape(n_out, n_in // 2),
+            f"{name}.weight_scale": scales, f"{name}.weight_scale_2": np.array(np.float32(1e-3)),
+            f"{name}.input_scale_2": np.array(np.float32(4e-4))}
+
+
 FP8_SPEC = {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False, "symmetric": True,
             "observer_cls": "PerTensorMinMaxObserver", "round_method": "half_even", "scale_type": "float",
             "ch_axis": None, "group_size": None}
@@ -82,6 +100,10 @@ def write_export(out: Path, hidden: int, inter: int, experts: int, top_k: int, l
     if scheme == "mxfp4":
         q["global_quant_config"]["weight"] = dict(MXFP4_SPEC)
         q["global_quant_config"]["input_tensors"] = dict(MXFP4_SPEC, is_dynamic=True)
+        q["exclude"] = ["lm_head"] + [f"model.layers.{i}.mlp.gate" for i in range(layers)]
+    if scheme == "nvfp4":
+        q["global_quant_config"]["weight"] = [dict(NVFP4_FP4), dict(NVFP4_FP8)]
+        q["global_quant_config"]["input_tensors"] = [dict(NVFP4_FP4, is_dynamic=True), dict(NVFP4_FP8)]
         q["exclude"] = ["lm_head"] + [f"model.layers.{i}.mlp.gate" for i in range(layers)]
     if scheme == "fp8":
         q["global_quant_config"]["weight"] = dict(FP8_SPEC)
@@ -122,6 +144,8 @@ def write_export(out: Path, hidden: int, inter: int, experts: int, top_k: int, l
                 tensors.update(mxfp4_tensors(rng, f"{p}.{proj}", n_out, n_in))
             elif scheme == "fp8":
                 tensors.update(fp8_tensors(rng, f"{p}.{proj}", n_out, n_in))
+            elif scheme == "nvfp4":
+                tensors.update(nvfp4_tensors(rng, f"{p}.{proj}", n_out, n_in))
             else:
                 tensors.update(linear_tensors(rng, f"{p}.{proj}", n_out, n_in, group))
     save_file(tensors, str(out / "model.safetensors"))
@@ -163,7 +187,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--qwen3_30b", action="store_true", help="Qwen3-30B-A3B's layer shape (see above)")
     ap.add_argument("--gpt_oss_20b", action="store_true", help="gpt-oss-20b's expert shape (see above)")
-    ap.add_argument("--scheme", choices=("uint4", "mxfp4", "fp8"), default="uint4")
+    ap.add_argument("--scheme", choices=("uint4", "mxfp4", "fp8", "nvfp4"), default="uint4")
     ap.add_argument("--prefill_gather", action="store_true")
     ap.add_argument("--forms", default="dense,routed")
     ap.add_argument("--prefill", default="")

@@ -2,7 +2,8 @@
 the expert bytes a decoded token reads (from the graph), and the max logit difference against Quark's model on the
 tiny test exports, the ONNX graph run on ORT CPU (fp32 builds of what each EP gets).
 
-    QO_FIXTURE_CACHE=... python benchmarks/moe_forms_table.py [--eps cpu,cuda,migraphx]
+    QO_FIXTURE_CACHE=... python benchmarks/moe_forms_table.py [--eps cpu,cuda,migraphx] [--families ...]
+                                                              [--recipes nvfp4,int8_w8a8]
 
 Bytes per decoded token, per sparse layer: routed standard-op form: bytes of the Gathered stacked initializers x k/E
 (builder/ops/routed_experts.gathered_bytes_per_token); QMoE: its expert initializers x k/E; dense: every expert
@@ -22,10 +23,12 @@ import onnx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-CASES = {"qwen3_moe": ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8"),
-         "qwen2_moe": ("uint4_g32", "mxfp4", "fp8_w8a8"),
-         "mixtral": ("uint4_g32", "int4_per_channel", "mxfp4", "fp8_w8a8"),
-         "gpt_oss": ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8"),
+CASES = {"qwen3_moe": ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8", "nvfp4",
+                       "int8_w8a8"),
+         "qwen2_moe": ("uint4_g32", "mxfp4", "fp8_w8a8", "nvfp4", "int8_w8a8"),
+         "mixtral": ("uint4_g32", "int4_per_channel", "mxfp4", "fp8_w8a8", "nvfp4", "int8_w8a8"),
+         "gpt_oss": ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8", "nvfp4",
+                     "int8_w8a8"),
          "deepseek_v3": ("uint4_g32", "mxfp4")}
 TOP_K_E = {"qwen3_moe": (2, 8), "qwen2_moe": (2, 8), "mixtral": (2, 4), "gpt_oss": (2, 4), "deepseek_v3": (3, 8)}
 
@@ -67,6 +70,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--eps", default="cpu,cuda,migraphx")
     ap.add_argument("--families", default=",".join(CASES))
+    ap.add_argument("--recipes", default="", help="only these expert schemes (default: every one of CASES)")
     a = ap.parse_args()
     from onnx_helpers import build, prompt_logits
     from test_migraphx_forms import CPU_DQ_EXACT
@@ -79,6 +83,8 @@ def main() -> int:
     for fam in a.families.split(","):
         k, e = TOP_K_E[fam]
         for recipe in CASES[fam]:
+            if a.recipes and recipe not in a.recipes.split(","):
+                continue
             [export] = ensure_exports(fixture_cache_dir(), [(SHAPES[fam], RECIPES[recipe])])
             ref = np.load(export / "reference.npz")
             for ep in a.eps.split(","):

@@ -28,7 +28,12 @@ CASES = ([("qwen3_moe", r, ep) for r in ("int8_wo_g32", "mxfp4", "mxfp4_fp8", "f
          + [("mixtral", r, ep) for r in ("uint4_g32", "mxfp4") for ep in ("cpu", "migraphx")]
          + [("gpt_oss", r, "cpu") for r in ("uint4_g32", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8")]
          + [("gpt_oss", "mxfp4", "cuda")]
-         + [("deepseek_v3", r, ep) for r in ("uint4_g32", "mxfp4") for ep in ("cpu", "migraphx")])
+         + [("deepseek_v3", r, ep) for r in ("uint4_g32", "mxfp4") for ep in ("cpu", "migraphx")]
+         # NVFP4 and INT8 W8A8 experts (Quark's activation quantization per chosen expert)
+         + [("qwen3_moe", "nvfp4", ep) for ep in ("cpu", "migraphx", "cuda")]
+         + [("qwen3_moe", "int8_w8a8", ep) for ep in ("migraphx", "cuda")]
+         + [("qwen2_moe", "int8_w8a8", "cpu"), ("mixtral", "nvfp4", "migraphx"), ("mixtral", "int8_w8a8", "cpu")]
+         + [("gpt_oss", r, ep) for r in ("nvfp4", "int8_w8a8") for ep in ("cpu", "migraphx")])
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +80,17 @@ def _expert_bytes(shape: str, recipe: str) -> int:
             total += k * n // 2 + (k // 32) * n
         elif recipe == "fp8_w8a8":     # fp8 bytes, fp32 per-tensor weight scale and static input scale
             total += k * n + 4 + 4
+        elif recipe == "nvfp4":        # e2m1 codes, e4m3 byte per 16-block, fp32 weight_scale_2 and input_scale_2
+            total += k * n // 2 + (k // 16) * n + 4 + 4
+        elif recipe == "int8_w8a8":    # int8 bytes, per-tensor fp32 scale and int8 zero point; the input's fp32
+            total += k * n + 4 + 1 + 3 * 4  # scale, reciprocal and zero point
         if shape == "gpt_oss":
             total += n * 4             # fp32 bias
     return total
 
 
 BYTE_CASES = [("qwen3_moe", "uint4_g32"), ("qwen3_moe", "mxfp4"), ("qwen3_moe", "fp8_w8a8"), ("gpt_oss", "mxfp4"),
-              ("deepseek_v3", "mxfp4")]
+              ("deepseek_v3", "mxfp4"), ("qwen3_moe", "nvfp4"), ("qwen3_moe", "int8_w8a8"), ("gpt_oss", "nvfp4")]
 TOP_K = {"qwen3_moe": 2, "gpt_oss": 2, "deepseek_v3": 3}
 EXPERTS = {"qwen3_moe": 8, "gpt_oss": 4, "deepseek_v3": 8}
 
@@ -102,6 +111,20 @@ def test_decoded_token_reads_k_of_e_experts(quark_exports, tmp_path, shape, reci
         assert got == TOP_K[shape] * _expert_bytes(shape, recipe), (name, got)
     # k/E of every stacked byte of the layer
     assert sorted(per_layer.values()) == sorted(round(b * TOP_K[shape] / EXPERTS[shape]) for b in stacked.values())
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4", "int8_w8a8"])
+def test_rocm_routes_nvfp4_and_int8_experts(quark_exports, tmp_path, recipe):
+    """-e rocm gets the routed standard-op form of NVFP4 / INT8 W8A8 experts (the graph -e migraphx gets; its
+    numerics: the migraphx cases above), not the dense form; the MIGraphX parser rules (If branches included) pass on
+    the fp16 graph the EP gets by default."""
+    from builder.ep_check import check_findings
+    from builder.ep_configs import get_ep
+    export = quark_exports("qwen3_moe", recipe)
+    ops = {ep: op_types(_build(export, tmp_path / ep, ep)) for ep in ("rocm", "migraphx")}
+    assert ops["rocm"] == ops["migraphx"] and ops["rocm"]["If"] == SPARSE["qwen3_moe"], ops
+    fp16 = build(export, tmp_path / "fp16", "rocm", "fp16")
+    assert [f for f in check_findings(fp16 / "model.onnx", get_ep("migraphx")) if f.severity == "error"] == []
 
 
 def test_branch_threshold_is_an_option(quark_exports, tmp_path):

@@ -68,11 +68,12 @@ def qdq_static(ctx, x: str, scale: float, name: str) -> str:
     return g.op("DequantizeLinear", [q, s, zp], f"{name}/DequantizeLinear")
 
 
-def unit_qdq(ctx, xs: str, name: str) -> str:
+def unit_qdq(ctx, xs: str, name: str, dtype=None) -> str:
     """fp8_e4m3fn(xs) for |xs| <= 448 (dynamic activations, already divided by amax / 448): scale 2 in fnuz.
-    No Clip: |xs| exceeds 448 by rounding of s only (< 1 ulp), which rounds back to 448 (224 in fnuz)."""
+    No Clip: |xs| exceeds 448 by rounding of s only (< 1 ulp), which rounds back to 448 (224 in fnuz).
+    dtype: xs's numpy dtype when it is not the io dtype."""
     g = ctx.graph
-    two = g.scalar(f"{name}/unit_scale_fnuz", SCALE_FACTOR, ctx.io_np)
+    two = g.scalar(f"{name}/unit_scale_fnuz", SCALE_FACTOR, dtype or ctx.io_np)
     zp = g.initializer(f"{name}/zero_point_fnuz", zero_point())
     q = g.op("QuantizeLinear", [xs, two, zp], f"{name}/QuantizeLinear")
     return g.op("DequantizeLinear", [q, two, zp], f"{name}/DequantizeLinear")

@@ -12,8 +12,10 @@ all E experts are computed (E/k times the expert FLOPs of a routed kernel), fine
 Routed form (routed_moe, the default where routed_block_size() accepts the experts): one com.microsoft QMoE per layer, which
 computes only the k chosen experts per token. Used on the CPU EP when every expert linear is 4-bit integer weight-only
 (int4/uint4, per_group or per_channel) with one dtype and one MatMulNBits block size that divides hidden and
-intermediate sizes; otherwise (other EPs, 8-bit, MXFP4, FP8 or float experts) the routed form in standard ops
-(builder/ops/routed_experts.py) where the experts stack, and dense_moe for mixed experts or --extra_options moe=dense
+intermediate sizes; otherwise (other EPs, 8-bit, MXFP4, NVFP4, FP8, INT8 W8A8 or float experts) the routed form in
+standard ops (on CPU with the custom-op library: com.quark_onnx MatMulExperts*)
+(builder/ops/routed_experts.py) where the experts stack, and dense_moe for mixed experts, dynamic FP8 activations
+or --extra_options moe=dense
 (expert_form()).
 QMoE on onnxruntime 1.32 CPU, as emitted: activation_type="swiglu", swiglu_fusion=1 (fc1 rows interleaved
 g0,u0,g1,u1...; 0 and 2 are refused on CPU), activation_alpha=1, activation_beta=0, normalize_routing_weights=1,
@@ -161,7 +163,7 @@ def form_note(model_plan, blocks: dict[int, list[tuple]], biases: bool = False) 
                      "weights; If: every expert, chunked, past E/k tokens)")
     if n_dense:
         why = ("--extra_options moe=dense" if moe_form(ctx) == "dense" else
-               "experts whose schemes do not stack (mixed, NVFP4, INT8 W8A8, dynamic FP8 activations)")
+               "experts whose schemes do not stack (mixed or excluded experts, dynamic FP8 activations)")
         parts.append(f"{n_dense} of {len(forms)} sparse layer(s) dense (every expert runs, weighted by the routing) "
                      f"because of {why}")
     return "MoE: " + "; ".join(parts)

@@ -36,6 +36,7 @@ E4M3_MAX = 448.0
 E2M1_MAX = 6.0
 MX_EMAX_E2M1 = 2
 MX_SCALE_MODES = ("even", "floor", "ceil")
+NVFP4_GROUP_SIZE = 16
 
 _CACHE: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
 
@@ -56,7 +57,7 @@ _CONST_VALUES = {
     "half": 0.5, "one": 1.0, "two": 2.0, "four": 4.0, "quarter": 0.25, "one_75": 1.75,
     "e2m1_max": E2M1_MAX, "e2m1_min": -E2M1_MAX, "six": E2M1_MAX, "zero": 0.0, "eps": FLOAT32_EPS,
     "min_normal": 2.0 ** -126, "min_scale": 2.0 ** -127, "inv_ln2": 1.0 / np.log(2.0),
-    "exp_lo": -126.0, "exp_hi": 127.0, "bias": 127.0,
+    "exp_lo": -126.0, "exp_hi": 127.0, "bias": 127.0, "e4m3_max": E4M3_MAX, "e4m3_min": -E4M3_MAX,
 }
 
 
@@ -109,6 +110,45 @@ def emit_fp4_activation_qdq(ctx, x: str, spec: Fp4ActivationSpec, prefix: str) -
     if ctx.io != "fp32":
         y = g.op("Cast", [y], f"{p}/CastIo", to=ctx.io_type)
     cache[key] = y
+    return y
+
+
+def emit_nvfp4_activation_per_expert(ctx, x: str, input_scale_2: str, prefix: str) -> str:
+    """Quark's NVFP4 activation fake-quantization with each chosen expert's own static input_scale_2 (routed MoE,
+    builder/ops/routed_experts.py): x [..., K] in the io dtype, input_scale_2 a float32 tensor [..., 1] that
+    broadcasts against x's rows (the experts' scales Gathered at the routing indices) -> [broadcast rows..., K].
+    The math of emit_fp4_activation_qdq's NVFP4 branch, with the division by input_scale_2 written out:
+    e4m3(clip(s / input_scale_2, +-448)) * input_scale_2, the unit-scale Q/DQ doing the e4m3 rounding (fnuz
+    saturate + scale-2 Q/DQ where the EP profile says so)."""
+    g = ctx.graph
+    c = _consts(g)
+    p = f"{prefix}/NvFp4Act"
+    x32 = x if ctx.io == "fp32" else g.op("Cast", [x], f"{p}/CastF32", to=TensorProto.FLOAT)
+    k = g.op("Shape", [x], f"{p}/LastDim", start=-1)
+    rows = g.op("Shape", [x], f"{p}/Rows", start=0, end=-1)
+    block = g.const_i64(f"{p}.block", [NVFP4_GROUP_SIZE])
+    n_blocks = g.op("Div", [k, block], f"{p}/BlockCount")
+    blocks = g.op("Reshape", [x32, g.op("Concat", [rows, n_blocks, block], f"{p}/BlockShape", axis=0)],
+                  f"{p}/ToBlocks")                                                    # [..., K/16, 16]
+    amax = g.op("ReduceMax", [g.op("Abs", [blocks], f"{p}/Abs"), c["neg_axis"]], f"{p}/BlockMax", keepdims=1)
+    s = g.op("Div", [amax, c["six"]], f"{p}/Div6")
+    s = g.op("Where", [g.op("Equal", [s, c["zero"]], f"{p}/IsZero"), c["eps"], s], f"{p}/FillEps")
+    s2 = g.op("Unsqueeze", [input_scale_2, c["neg_axis"]], f"{p}/ScaleRows")            # [..., 1, 1]
+    ratio = g.op("Div", [s, s2], f"{p}/DivInputScale2")                              # [rows..., K/16, 1]
+    if fnuz.applies(ctx):
+        ratio = fnuz.saturate(g, ratio, c["e4m3_min"], c["e4m3_max"], f"{p}/ScaleFp8Max")
+        u = fnuz.unit_qdq(ctx, ratio, f"{p}/ScaleE4m3", np.float32)
+    else:
+        one = c["one"]
+        u = g.op("DequantizeLinear", [g.op("QuantizeLinear", [ratio, one, c["fp8_zero"]], f"{p}/ScaleToE4m3",
+                                           saturate=1), one], f"{p}/ScaleFromE4m3")
+    sq = g.op("Mul", [u, s2], f"{p}/MulInputScale2")
+    den = g.op("Where", [g.op("Equal", [sq, c["zero"]], f"{p}/ScaleIsZero"), c["eps"], sq], f"{p}/SafeDivisor")
+    y = g.op("Mul", [_e2m1_round(g, c, g.op("Div", [blocks, den], f"{p}/DivScale"), p), sq], f"{p}/MulScale")
+    out_rows = g.op("Shape", [y], f"{p}/OutRows", start=0, end=-2)
+    y = g.op("Reshape", [y, g.op("Concat", [out_rows, k], f"{p}/OutShape", axis=0)], f"{p}/FromBlocks")
+    if ctx.io != "fp32":
+        y = g.op("Cast", [y], f"{p}/CastIo", to=ctx.io_type)
     return y
 
 

@@ -7,12 +7,15 @@ scheme's own compact encoding, laid out [E, K, N] (in x out, so no transpose at 
                  points u8 and fp32 scales [E, G, 1, N] (G groups of g along K; per-channel: G = 1)
     int8/uint8 : int8/uint8 [E, K, N], zero points and fp32 scales [E, G, 1, N]
     MXFP4      : e2m1 codes u8 [E, K, N/2] (nibbles as for 4-bit), e8m0 scale bytes u8 [E, K/32, 1, N]
+    NVFP4      : e2m1 codes as MXFP4, e4m3fn block scale bytes u8 [E, K/16, 1, N], fp32 weight_scale_2 [E, 1, 1, 1]
+    INT8 W8A8  : int8/uint8 [E, K, N], zero points and fp32 scales [E, 1, 1, N] (per channel) or [E, 1, 1, 1]
     FP8 e4m3   : weight bytes u8 [E, K, N], fp32 scale [E, 1, 1] (per tensor) or [E, 1, N] (per channel)
     float      : the io dtype [E, K, N] (experts Quark left float)
-    biases     : [E, 1, N] in the io dtype; static FP8 input scales [E, 1, 1] fp32
+    biases     : [E, 1, N] in the io dtype; static input quantization parameters [E, 1, 1] fp32 (InputQuant)
 Decoding is exact fp32 arithmetic on the gathered bytes (_decode): nibbles by floor(b / 16), e2m1 values by a
 piecewise-linear formula, Gather(2^(b-127) [256], e8m0 byte) for the MX scales, Gather(e4m3fn values [256], byte) for
-FP8; then (q - zp) * s per group or value * scale: the same fp32 products Quark's dequantizers compute.
+FP8 and the NVFP4 block scales (times weight_scale_2: one fp32 product, Quark's order); then (q - zp) * s per group or
+value * scale: the same fp32 products Quark's dequantizers compute.
 
     x ─► router ─► TopK ─► idx [T, k], weights [T, k] (and the dense [T, E] routing weights)
     If (T <= max_tokens):                                                          (T = batch * sequence tokens)
@@ -22,10 +25,15 @@ FP8; then (q - zp) * s per group or value * scale: the same fp32 products Quark'
       else:   the same per chunk of C experts, every token: W [C, K, N], x [T, K] ─► [C, T, N] ... ─► [C, T, H]
               ─► · dense routing weights (0 off the chosen k) ─► ReduceSum over experts, summed over chunks
 In-expert activation quantization is Quark's, per chosen expert: dynamic MXFP4 on each projection's input
-(ops/mx_activation.py; the gate/up input is the same x for every expert, emulated once before the If), static FP8
-x_q = fp8(clip(x / s_e, +-448)) * s_e with the chosen expert's own input_scale s_e (Gather of [E] scales; written as
-x / s_e ─ unit-scale Q/DQ ─ * s_e, the same float division QuantizeLinear does; float8e4m3fnuz with scale 2 where the
-EP profile says so, builder/ops/fnuz.py).
+(ops/mx_activation.py; the gate/up input is the same x for every expert, emulated once before the If); with the
+chosen expert's own static parameters Gathered from [E] stacks (InputQuant, _input_quant):
+  FP8   x_q = fp8(clip(x / s_e, +-448)) * s_e (written as x / s_e ─ unit-scale Q/DQ ─ * s_e, the same float division
+        QuantizeLinear does; float8e4m3fnuz with scale 2 where the EP profile says so, builder/ops/fnuz.py)
+  NVFP4 dynamic e2m1 blocks of 16 whose block scales are e4m3-quantized with the expert's input_scale_2
+        (mx_activation.emit_nvfp4_activation_per_expert; the dense form's arithmetic)
+  INT8  x_q = (clip(round(x * r_e) + z_e, qmin, qmax) - z_e) * s_e, r_e = fp32(1 / s_e) (torch's
+        fake_quantize_per_tensor_affine, as the dense Int8W8A8 form: quant/int8_w8a8.py)
+The gate/up input then differs per chosen expert: one row per slot.
 
 Why an If: the routed branch materialises T * k decoded expert matrices, which is k/E of the stack per token at
 decode (T = 1) but T * k / E stacks for a prefill of T tokens; past T = E / k it decodes more than every expert once
@@ -47,12 +55,14 @@ from onnx import TensorProto, helper
 
 from ..quant.float_linear import FloatLinear
 from ..quant.fp8_w8a8 import Fp8W8A8, activation_mode, scalar_scale
+from ..quant.int8_w8a8 import INT_DTYPES, Int8W8A8
 from ..quant.int_weight_only import BITS, IntWeightOnly
 from ..quant.mxfp4 import MXFP4_GROUP, Mxfp4Linear, _e8m0_bytes, emulate_activations, scales_in_io
 from ..quant.mxfp4_fp8 import Mxfp4Fp8Linear
+from ..quant.nvfp4 import NVFP4_GROUP, Nvfp4Linear
 from ..quant import fp4_codes
 from . import fnuz
-from .mx_activation import Fp4ActivationSpec, emit_fp4_activation_qdq
+from .mx_activation import Fp4ActivationSpec, emit_fp4_activation_qdq, emit_nvfp4_activation_per_expert
 
 CHUNK_BYTES = 256 << 20  # dense branch: fp32 bytes of one chunk's decoded projection (bounds its transient memory)
 FP8_MAX = 448.0
@@ -70,7 +80,59 @@ class Stack:
     zero: str | None = None
     bias: str | None = None
     mx_mode: str | None = None         # dynamic MXFP4 input quantization (scale_calculation_mode)
-    fp8_input_scale: str | None = None  # static FP8 input scales [E, 1, 1]
+    input_quant: "InputQuant | None" = None
+    scale_2: str | None = None         # NVFP4 weight_scale_2 [E, 1, 1, 1]
+
+
+@dataclass
+class InputQuant:
+    """Quark's input quantization of one projection with each expert's own static parameters, stacked over the
+    experts ([E, 1, 1] in the standard-op form, [E, 1] in the op form) and Gathered at the routing indices."""
+    kind: str                      # fp8 | nvfp4 | int8
+    scale: str                     # fp8, int8: input_scale; nvfp4: input_scale_2 (of the e4m3 block scales)
+    inv_scale: str | None = None   # int8: fp32(1 / input_scale)
+    zero: str | None = None        # int8: the zero point, as float
+    qtype: str | None = None       # int8: int8 | uint8
+
+
+INPUT_ROLES = {"in_scale": "scale", "in_inv": "inv_scale", "in_zero": "zero"}
+
+
+def _input_quant_arrays(ctx, plan, shape: tuple) -> dict[str, np.ndarray]:
+    """One expert's static input quantization parameters (roles of INPUT_ROLES), each of `shape`."""
+    scheme, spec, name = plan.scheme, plan.spec, plan.name
+    full = lambda v: np.full(shape, v, np.float32)  # noqa: E731
+    if scheme is Mxfp4Fp8Linear or (scheme is Fp8W8A8 and activation_mode(spec) == "static"):
+        return {"in_scale": full(scalar_scale(ctx.ckpt, f"{name}.input_scale"))}
+    if scheme is Nvfp4Linear and spec.input_tensors and emulate_activations(ctx):
+        return {"in_scale": full(ctx.ckpt.get_f32(f"{name}.input_scale_2"))}
+    if scheme is Int8W8A8:
+        a = spec.input_tensors[0]
+        s = np.float32(ctx.ckpt.get_scale(f"{name}.input_scale").reshape(()))
+        zp = Int8W8A8._zp(ctx.ckpt, f"{name}.input_zero_point", a.dtype, 1).reshape(())
+        return {"in_scale": full(s), "in_inv": full(np.float32(1.0) / s), "in_zero": full(float(zp))}
+    return {}
+
+
+def _input_quant_of(plan, names: dict[str, str]) -> InputQuant | None:
+    if "in_scale" not in names:
+        return None
+    scheme = plan.scheme
+    kind = "nvfp4" if scheme is Nvfp4Linear else "int8" if scheme is Int8W8A8 else "fp8"
+    qtype = plan.spec.input_tensors[0].dtype if kind == "int8" else None
+    return InputQuant(kind, names["in_scale"], names.get("in_inv"), names.get("in_zero"), qtype)
+
+
+def _int8_w8a8_weight(ctx, plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q [N, K] int8|uint8, scale fp32 [1] or [N], zero point [1] or [N] in q's dtype), as Int8W8A8.emit reads
+    them (a per-channel spec with one stored scale: repeated)."""
+    ckpt, base, w = ctx.ckpt, plan.name, plan.spec.weight[0]
+    q = np.asarray(ckpt.get(f"{base}.weight"))
+    scale = np.asarray(ckpt.get_scale(f"{base}.weight_scale"), np.float32).reshape(-1)
+    zp = Int8W8A8._zp(ckpt, f"{base}.weight_zero_point", w.dtype, scale.size)
+    if w.qscheme == "per_channel" and scale.size == 1:
+        scale, zp = np.repeat(scale, plan.out_features), np.repeat(zp, plan.out_features)
+    return q.astype(INT_DTYPES[w.dtype]), scale, zp
 
 
 def stack_key(plan):
@@ -90,6 +152,11 @@ def stack_key(plan):
         return ("mxfp4", (a[0].scale_calculation_mode or "even") if a else None)
     if scheme is Mxfp4Fp8Linear:
         return ("mxfp4_fp8",) if plan.out_features % 2 == 0 else None
+    if scheme is Nvfp4Linear:
+        return ("nvfp4", bool(spec.input_tensors)) if plan.out_features % 2 == 0 else None
+    if scheme is Int8W8A8:
+        w, a = spec.weight[0], spec.input_tensors[0]
+        return ("int8_w8a8", w.dtype, w.qscheme, a.dtype)
     if scheme is Fp8W8A8:
         mode = activation_mode(spec)
         if mode not in ("none", "static") or spec.output_tensors:
@@ -150,23 +217,28 @@ def _expert_arrays(ctx, plan) -> dict[str, np.ndarray]:
         dtype = np.int8 if iw.signed else np.uint8
         return {"data": np.ascontiguousarray(iw.q.T).astype(dtype), "zero": iw.zp.T.reshape(groups, 1, n)
                 .astype(dtype), "scale": scale}
+    out = _input_quant_arrays(ctx, plan, (1, 1))
     if scheme in (Mxfp4Linear, Mxfp4Fp8Linear):
         w = Mxfp4Linear.load(plan, ctx.ckpt)
         if ctx.io != "fp32":
             scales_in_io(ctx, plan, w)  # refuses scales that vanish or overflow in fp16/bf16, as the dense form
-        out = {"data": _pack_halves(w.codes.T),
-               "scale": np.ascontiguousarray(_e8m0_bytes(ctx.ckpt, f"{plan.name}.weight_scale").T)
-               .reshape(k // MXFP4_GROUP, 1, n)}
-        if scheme is Mxfp4Fp8Linear:
-            out["fp8_input_scale"] = np.full((1, 1), scalar_scale(ctx.ckpt, f"{plan.name}.input_scale"), np.float32)
-        return out
+        return {**out, "data": _pack_halves(w.codes.T),
+                "scale": np.ascontiguousarray(_e8m0_bytes(ctx.ckpt, f"{plan.name}.weight_scale").T)
+                .reshape(k // MXFP4_GROUP, 1, n)}
+    if scheme is Nvfp4Linear:
+        codes = fp4_codes.unpack_fp4_codes(ctx.ckpt.get(f"{plan.name}.weight"))
+        block = np.asarray(ctx.ckpt.get(f"{plan.name}.weight_scale")).view(np.uint8)        # e4m3fn bytes [N, K/16]
+        return {**out, "data": _pack_halves(codes.T),
+                "scale": np.ascontiguousarray(block.T).reshape(k // NVFP4_GROUP, 1, n),
+                "scale_2": np.full((1, 1, 1), ctx.ckpt.get_f32(f"{plan.name}.weight_scale_2"), np.float32)}
     if scheme is Fp8W8A8:
         q, scale = Fp8W8A8.load(plan, ctx.ckpt)
-        out = {"data": np.ascontiguousarray(np.asarray(q).view(np.uint8).T),
-               "scale": scale.reshape(1, -1).astype(np.float32)}  # [1, 1] or [1, N]
-        if activation_mode(plan.spec) == "static":
-            out["fp8_input_scale"] = np.full((1, 1), scalar_scale(ctx.ckpt, f"{plan.name}.input_scale"), np.float32)
-        return out
+        return {**out, "data": np.ascontiguousarray(np.asarray(q).view(np.uint8).T),
+                "scale": scale.reshape(1, -1).astype(np.float32)}  # [1, 1] or [1, N]
+    if scheme is Int8W8A8:
+        q, scale, zp = _int8_w8a8_weight(ctx, plan)
+        return {**out, "data": np.ascontiguousarray(q.T), "zero": zp.reshape(1, 1, -1),
+                "scale": scale.reshape(1, 1, -1)}  # [1, 1, N] or [1, 1, 1]
     raise AssertionError(scheme)
 
 
@@ -193,13 +265,19 @@ def build_stack(ctx, plans: list, name: str) -> Stack:
     data = head["data"]
     names = {"data": g.stream(f"{name}.routed.data", data.dtype, (len(plans), *data.shape), weights())}
     names.update({role: g.initializer(f"{name}.routed.{role}", np.stack(arrs)) for role, arrs in small.items()})
-    kind = {"float": "float", "mxfp4": "mxfp4", "mxfp4_fp8": "mxfp4", "fp8": "fp8"}.get(key[0])
+    kind = {"float": "float", "mxfp4": "mxfp4", "mxfp4_fp8": "mxfp4", "fp8": "fp8", "nvfp4": "nvfp4",
+            "int8_w8a8": "int8"}.get(key[0])
     if key[0] == "int":
         kind = "int4" if BITS[key[1]] == 4 else "int8"
-    groups = int(head["scale"].shape[0]) if kind in ("int4", "int8", "mxfp4") else 1
-    mx_mode = key[1] if key[0] == "mxfp4" and emulate_activations(ctx) else None
+    groups = int(head["scale"].shape[0]) if kind in ("int4", "int8", "mxfp4", "nvfp4") else 1
     return Stack(kind, first.in_features, first.out_features, groups, names["data"], names.get("scale"),
-                 names.get("zero"), names.get("bias"), mx_mode, names.get("fp8_input_scale"))
+                 names.get("zero"), names.get("bias"), _mx_mode(ctx, key), _input_quant_of(first, names),
+                 names.get("scale_2"))
+
+
+def _mx_mode(ctx, key) -> str | None:
+    """The dynamic MXFP4 input quantization's scale mode of a stack, or None."""
+    return key[1] if key[0] == "mxfp4" and emulate_activations(ctx) else None
 
 
 # ---- decoding a gathered stack ----------------------------------------------------------------------------------
@@ -231,11 +309,11 @@ def _decode(ctx, st: Stack, idx: str, nb: int, p: str) -> str:
                          gather(st.scale, "Scale")], f"{p}/MulScale")
     else:
         w = g.op("Cast", [raw], f"{p}/ToFloat", to=TensorProto.FLOAT)
-        if st.kind in ("int4", "mxfp4"):
+        if st.kind in ("int4", "mxfp4", "nvfp4"):
             hi = g.op("Floor", [g.op("Mul", [w, const("sixteenth", 0.0625)], f"{p}/Div16")], f"{p}/High")
             lo = g.op("Sub", [w, g.op("Mul", [hi, const("sixteen", 16.0)], f"{p}/High16")], f"{p}/Low")
             w = g.op("Concat", [lo, hi], f"{p}/Codes", axis=-1)                    # [..., K, N]
-        if st.kind == "mxfp4":
+        if st.kind in ("mxfp4", "nvfp4"):
             sign = g.op("Floor", [g.op("Mul", [w, const("eighth", 0.125)], f"{p}/Div8")], f"{p}/Sign")
             m = g.op("Sub", [w, g.op("Mul", [sign, const("eight", 8.0)], f"{p}/Sign8")], f"{p}/Magnitude")
             half = const("half", 0.5)
@@ -253,6 +331,10 @@ def _decode(ctx, st: Stack, idx: str, nb: int, p: str) -> str:
         if st.kind == "mxfp4":
             scale = g.op("Gather", [_lut(g, "e8m0"), g.op("Cast", [scale], f"{p}/ScaleToInt", to=TensorProto.INT32)],
                          f"{p}/E8m0", axis=0)
+        elif st.kind == "nvfp4":  # fp32(e4m3 block scale) * weight_scale_2, rounded once (fp4_codes.nvfp4_block_scales)
+            scale = g.op("Gather", [_lut(g, "e4m3fn"), g.op("Cast", [scale], f"{p}/ScaleToInt",
+                                                            to=TensorProto.INT32)], f"{p}/E4m3Scale", axis=0)
+            scale = g.op("Mul", [scale, gather(st.scale_2, "Scale2")], f"{p}/MulScale2")
         else:
             zp = g.op("Cast", [gather(st.zero, "Zero")], f"{p}/ZeroToFloat", to=TensorProto.FLOAT)
             grouped = g.op("Sub", [grouped, zp], f"{p}/SubZero")
@@ -263,12 +345,27 @@ def _decode(ctx, st: Stack, idx: str, nb: int, p: str) -> str:
     return w
 
 
-def _fp8_input(ctx, st: Stack, x: str, idx: str, p: str) -> str:
-    """Quark's static FP8 input fake-quantization with each chosen expert's own scale (broadcast over x)."""
+def _input_quant(ctx, q: InputQuant, x: str, idx: str, p: str) -> str:
+    """Quark's static input quantization with each chosen expert's own parameters (InputQuant), broadcast over x:
+    x [..., K] against the Gathered [idx..., 1 (, 1)] parameters (module docstring)."""
     g = ctx.graph
-    s = g.op("Gather", [st.fp8_input_scale, idx], f"{p}/GatherInputScale", axis=0)
-    if ctx.io != "fp32":
-        s = g.op("Cast", [s], f"{p}/InputScaleIo", to=ctx.io_type)
+
+    def gathered(tensor, tag, io=True):
+        v = g.op("Gather", [tensor, idx], f"{p}/Gather{tag}", axis=0)
+        return g.op("Cast", [v], f"{p}/{tag}Io", to=ctx.io_type) if io and ctx.io != "fp32" else v
+
+    if q.kind == "nvfp4":
+        return emit_nvfp4_activation_per_expert(ctx, x, gathered(q.scale, "InputScale2", io=False), p)
+    s = gathered(q.scale, "InputScale")
+    if q.kind == "int8":
+        info = np.iinfo(INT_DTYPES[q.qtype])
+        zp = gathered(q.zero, "InputZero")
+        lo = g.scalar(f"{p}/int_min", float(info.min), ctx.io_np)
+        hi = g.scalar(f"{p}/int_max", float(info.max), ctx.io_np)
+        r = g.op("Round", [g.op("Mul", [x, gathered(q.inv_scale, "InputScaleReciprocal")], f"{p}/MulReciprocal")],
+                 f"{p}/Round")
+        codes = g.op("Clip", [g.op("Add", [r, zp], f"{p}/AddZero"), lo, hi], f"{p}/Saturate")
+        return g.op("Mul", [g.op("Sub", [codes, zp], f"{p}/SubZero"), s], f"{p}/MulInputScale")
     xs = g.op("Div", [x, s], f"{p}/DivInputScale")
     if fnuz.applies(ctx):
         hi = g.scalar(f"{p}/fp8_max", FP8_MAX, ctx.io_np)
@@ -277,8 +374,8 @@ def _fp8_input(ctx, st: Stack, x: str, idx: str, p: str) -> str:
     else:  # QuantizeLinear saturates float8e4m3fn at +-448 (saturate=1), rounding to nearest even
         one = g.scalar(f"{p}/unit_scale", 1.0, ctx.io_np)
         zp = g.initializer(f"{p}/zero_point", np.zeros((), ml_dtypes.float8_e4m3fn))
-        q = g.op("QuantizeLinear", [xs, one, zp], f"{p}/input_quant/QuantizeLinear")
-        u = g.op("DequantizeLinear", [q, one, zp], f"{p}/input_quant/DequantizeLinear")
+        q8 = g.op("QuantizeLinear", [xs, one, zp], f"{p}/input_quant/QuantizeLinear")
+        u = g.op("DequantizeLinear", [q8, one, zp], f"{p}/input_quant/DequantizeLinear")
     return g.op("Mul", [u, s], f"{p}/MulInputScale")
 
 
@@ -287,8 +384,8 @@ def _project(ctx, st: Stack, x: str, idx: str, nb: int, p: str, mx_done: bool = 
     g = ctx.graph
     if st.mx_mode is not None and not mx_done:
         x = emit_fp4_activation_qdq(ctx, x, Fp4ActivationSpec("mxfp4", MXFP4_GROUP, st.mx_mode), p)
-    if st.fp8_input_scale is not None:
-        x = _fp8_input(ctx, st, x, idx, p)
+    if st.input_quant is not None:
+        x = _input_quant(ctx, st.input_quant, x, idx, p)
     y = g.op("MatMul", [x, _decode(ctx, st, idx, nb, f"{p}/weight")], f"{p}/MatMul")
     if st.bias is not None:
         y = g.op("Add", [y, g.op("Gather", [st.bias, idx], f"{p}/GatherBias", axis=0)], f"{p}/BiasAdd")
@@ -419,18 +516,22 @@ def emit_routed_experts(ctx, x: str, routing: Routing, experts: list[tuple], act
 
 # ---- the CPU form: com.quark_onnx MatMulExperts* (custom_ops/src/qo_cpu_experts.c) ----------------------------------
 # On -e cpu with the custom-op library (the compact-forms mechanism, builder/compact_forms.py, found or built it for
-# the layers' MatMulMxfp4 / MatMulFp8), each expert projection is one node that reads the k chosen experts' compact
-# weights in place from a stack [E, N, ...] in the dense op's own layout (the checkpoint's bytes: MXFP4 e2m1 [E, N,
-# K/2] + e8m0 [E, N, K/32]; FP8 e4m3fn [E, N, K] + scale [E] or [E, N]), decodes them in registers and sums in the
-# dense kernels' fixed order (each output equals MatMulMxfp4 / MatMulFp8 on that expert bit for bit). Quark's
-# in-expert activation quantization stays in standard ops in front of each node: dynamic MXFP4 on each projection's
-# input (per row of 32, so the same before or after the routing), the chosen expert's own static FP8 input scale
-# (Gather of [E, 1] scales: the gate/up input becomes [T, k, H], one row per slot). The kernel groups the (token,
+# the layers' MatMulMxfp4 / MatMulNvfp4 / MatMulFp8 / MatMulInt8), each expert projection is one node that reads the
+# k chosen experts' compact weights in place from a stack [E, N, ...] in the dense op's own layout (the checkpoint's
+# bytes: MXFP4 e2m1 [E, N, K/2] + e8m0 [E, N, K/32]; NVFP4 e2m1 [E, N, K/2] + e4m3fn [E, N, K/16] + weight_scale_2
+# [E]; FP8 e4m3fn / INT8 int8 [E, N, K] + scale [E] or [E, N]), decodes them in registers and sums in the dense
+# kernels' fixed order (each output equals the dense op on that expert bit for bit). Quark's in-expert activation
+# quantization stays in standard ops in front of each node: dynamic MXFP4 on each projection's input (per row of 32,
+# so the same before or after the routing), or the chosen expert's own static parameters (InputQuant: FP8 input
+# scale, NVFP4 input_scale_2, INT8 scale and zero point; Gather of [E, 1] stacks: the gate/up input becomes
+# [T, k, H], one row per slot). INT8 W8A8 experts take the op only with zero weight zero points (MatMulInt8 has
+# none). The kernel groups the (token,
 # slot) pairs by expert, so a prefill reads each chosen expert once (a token-sorted grouped GEMM): no If and no
 # every-expert branch (docs/moe.md, "CPU decode speed"). Without the library the nodes' ONNX functions run the
 # routed standard-op form (Gather of the chosen experts, decode, batched MatMul).
 EXPERTS_OPS = {"mxfp4": ("MatMulExpertsMxfp4", "MatMulMxfp4"), "mxfp4_fp8": ("MatMulExpertsMxfp4", "MatMulMxfp4"),
-               "fp8": ("MatMulExpertsFp8", "MatMulFp8")}
+               "fp8": ("MatMulExpertsFp8", "MatMulFp8"), "nvfp4": ("MatMulExpertsNvfp4", "MatMulNvfp4"),
+               "int8_w8a8": ("MatMulExpertsInt8", "MatMulInt8")}
 
 
 def experts_op_applies(ctx, experts: list[tuple]) -> bool:
@@ -450,7 +551,17 @@ def experts_op_applies(ctx, experts: list[tuple]) -> bool:
             return False
         if getattr(plan.scheme, "custom_op", lambda *_: None)(plan, ctx.ep, ctx.io) != ops[1]:
             return False
-    return True
+    return not _int8_zero_points(ctx, experts)
+
+
+def _int8_zero_points(ctx, experts: list[tuple]) -> bool:
+    """An INT8 W8A8 expert whose checkpoint has a nonzero weight zero point though its config says symmetric
+    (MatMulInt8 has none; the dense form then takes the fp32 weight, the routed form the standard ops). Without a
+    checkpoint (the plan-time note) assumed not."""
+    ckpt = getattr(ctx, "ckpt", None)
+    if ckpt is None:
+        return False
+    return any(p.scheme is Int8W8A8 and np.any(_int8_w8a8_weight(ctx, p)[2] != 0) for e in experts for p in e)
 
 
 @dataclass
@@ -460,19 +571,27 @@ class OpStack:
     scale: str
     bias: str | None
     mx_mode: str | None
-    fp8_input_scale: str | None  # [E, 1]
+    input_quant: InputQuant | None  # parameters [E, 1]
+    scale_2: str | None = None      # NVFP4 weight_scale_2 [E]
 
 
 def _op_expert_arrays(ctx, plan) -> dict[str, np.ndarray]:
+    """One expert's tensors in the dense compact op's layout (the checkpoint's bytes)."""
+    out = _input_quant_arrays(ctx, plan, (1,))
+    ckpt, name = ctx.ckpt, plan.name
     if plan.scheme in (Mxfp4Linear, Mxfp4Fp8Linear):
-        out = {"data": np.asarray(ctx.ckpt.get(f"{plan.name}.weight"), dtype=np.uint8),
-               "scale": _e8m0_bytes(ctx.ckpt, f"{plan.name}.weight_scale")}
-    else:
-        q, scale = Fp8W8A8.load(plan, ctx.ckpt)
-        out = {"data": np.ascontiguousarray(q), "scale": np.asarray(scale, np.float32).reshape(-1)}  # [N] or [1]
-    if plan.scheme is Mxfp4Fp8Linear or (plan.scheme is Fp8W8A8 and activation_mode(plan.spec) == "static"):
-        out["fp8_input_scale"] = np.full((1,), scalar_scale(ctx.ckpt, f"{plan.name}.input_scale"), np.float32)
-    return out
+        return {**out, "data": np.asarray(ckpt.get(f"{name}.weight"), dtype=np.uint8),
+                "scale": _e8m0_bytes(ckpt, f"{name}.weight_scale")}
+    if plan.scheme is Nvfp4Linear:
+        ws = np.asarray(ckpt.get(f"{name}.weight_scale"))
+        return {**out, "data": np.asarray(ckpt.get(f"{name}.weight"), dtype=np.uint8),
+                "scale": ws if ws.dtype == ml_dtypes.float8_e4m3fn else ws.view(ml_dtypes.float8_e4m3fn),
+                "scale_2": np.float32(ckpt.get_f32(f"{name}.weight_scale_2")).reshape(())}
+    if plan.scheme is Int8W8A8:
+        q, scale, _ = _int8_w8a8_weight(ctx, plan)  # zero points: 0 (experts_op_applies)
+        return {**out, "data": np.ascontiguousarray(q, dtype=np.int8), "scale": scale}   # [N] or [1]
+    q, scale = Fp8W8A8.load(plan, ctx.ckpt)
+    return {**out, "data": np.ascontiguousarray(q), "scale": np.asarray(scale, np.float32).reshape(-1)}  # [N] or [1]
 
 
 def build_op_stack(ctx, plans: list, name: str) -> OpStack:
@@ -497,25 +616,11 @@ def build_op_stack(ctx, plans: list, name: str) -> OpStack:
     names = {"data": g.stream(f"{name}.experts_op.data", data.dtype, (len(plans), *data.shape), weights())}
     for role, arrs in small.items():
         arr = np.stack(arrs)
-        if role == "scale" and key[0] == "fp8" and arr.shape[1] == 1:
+        if role == "scale" and key[0] in ("fp8", "int8_w8a8") and arr.shape[1] == 1:
             arr = arr.reshape(-1)  # per-tensor: [E]
         names[role] = g.initializer(f"{name}.experts_op.{role}", arr)
-    mx_mode = key[1] if key[0] == "mxfp4" and emulate_activations(ctx) else None
-    return OpStack(EXPERTS_OPS[key[0]][0], names["data"], names["scale"], names.get("bias"), mx_mode,
-                   names.get("fp8_input_scale"))
-
-
-def _op_fp8_input(ctx, st: OpStack, x: str, idx: str, p: str) -> str:
-    """Quark's static FP8 input quantization with each chosen expert's own scale: x [T, 1 | k, K] -> [T, k, K]
-    (x / s_e, unit-scale Q/DQ, * s_e: the routed standard-op form's arithmetic, _fp8_input)."""
-    g = ctx.graph
-    s = g.op("Gather", [st.fp8_input_scale, idx], f"{p}/GatherInputScale", axis=0)      # [T, k, 1]
-    xs = g.op("Div", [x, s], f"{p}/DivInputScale")
-    one = g.scalar(f"{p}/unit_scale", 1.0, np.float32)
-    zp = g.initializer(f"{p}/zero_point", np.zeros((), ml_dtypes.float8_e4m3fn))
-    q = g.op("QuantizeLinear", [xs, one, zp], f"{p}/input_quant/QuantizeLinear")
-    u = g.op("DequantizeLinear", [q, one, zp], f"{p}/input_quant/DequantizeLinear")
-    return g.op("Mul", [u, s], f"{p}/MulInputScale")
+    return OpStack(EXPERTS_OPS[key[0]][0], names["data"], names["scale"], names.get("bias"), _mx_mode(ctx, key),
+                   _input_quant_of(first, names), names.get("scale_2"))
 
 
 def _op_project(ctx, st: OpStack, x: str, idx: str, p: str, mx_done: bool) -> str:
@@ -524,10 +629,11 @@ def _op_project(ctx, st: OpStack, x: str, idx: str, p: str, mx_done: bool) -> st
     g = ctx.graph
     if st.mx_mode is not None and not mx_done:
         x = emit_fp4_activation_qdq(ctx, x, Fp4ActivationSpec("mxfp4", MXFP4_GROUP, st.mx_mode), p)
-    if st.fp8_input_scale is not None:
-        x = _op_fp8_input(ctx, st, x, idx, p)
+    if st.input_quant is not None:  # x [T, 1 | k, K] -> [T, k, K]
+        x = _input_quant(ctx, st.input_quant, x, idx, p)
     g.add_function(FUNCTIONS[st.op](g.opsets[""]), opset_version=1)
-    y = g.op(st.op, [x, idx, st.data, st.scale], f"{p}/{st.op}", domain=DOMAIN)
+    scale_2 = [st.scale_2] if st.scale_2 is not None else []
+    y = g.op(st.op, [x, idx, st.data, st.scale, *scale_2], f"{p}/{st.op}", domain=DOMAIN)
     if st.bias is not None:
         y = g.op("Add", [y, g.op("Gather", [st.bias, idx], f"{p}/GatherBias", axis=0)], f"{p}/BiasAdd")
     return y
@@ -548,7 +654,7 @@ def emit_experts_op(ctx, x: str, routing: Routing, experts: list[tuple], activat
         xj = xt
         if st.mx_mode is not None:
             xj = emit_fp4_activation_qdq(ctx, xt, Fp4ActivationSpec("mxfp4", MXFP4_GROUP, st.mx_mode), p)
-        if st.fp8_input_scale is not None:
+        if st.input_quant is not None:
             xj = g.op("Unsqueeze", [xj, slot_axis], f"{p}/{j}/SlotAxis")
         ys.append(_op_project(ctx, st, xj, idx, f"{p}/{j}", mx_done=True))
     y = _op_project(ctx, down, activation(ctx, ys, p), idx, f"{p}/down", mx_done=False)    # [T, k, H]
