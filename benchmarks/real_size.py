@@ -1,6 +1,7 @@
 """Real-size CPU outputs of the published Quark schemes: the compact default against the old fp32-dense form.
 
-    python benchmarks/real_size.py [--work DIR] [--layers 2] [--vocab 32000] [--rounds 2] [--only fp8_kv,...]
+    python benchmarks/real_size.py [--work DIR] [--layers 2] [--vocab 32000|proportional] [--rounds 2]
+                                   [--only fp8_kv,...,gpt_oss_mxfp4,qwen3_moe_uint4,qwen3_moe_mxfp4] [--max_gib 8]
 
 For each release shape it writes a layer-sliced, format-exact synthetic Quark export (the tensor names, dtypes, shapes
 and quantization_config of a real amd-quark export of that scheme: benchmarks/real_size_quant_configs.json holds the
@@ -10,7 +11,8 @@ before), and loads each in onnxruntime-genai in a fresh process, the two forms i
 
 Per row: output / export bytes extrapolated to the full model (per-layer bytes x the real depth, vocabulary-sized
 tensors x the real vocabulary; the runtime slice uses a smaller vocabulary to stay under 5 GiB); load and decode
-RSS (VmHWM after load / after decoding); decode tok/s and prefill ms (128 tokens) as measured on the slice, and as
+RSS (VmHWM after load / after decoding; "session / output": the decode peak less the process's RSS before the model
+was loaded, over the output's bytes); decode tok/s and prefill ms (128 tokens) as measured on the slice, and as
 ratios to the fp32-dense form of the same run; GB/s streamed at decode (the bytes the session's weights hold per
 token, the embedding excepted, times tok/s) and that as a share of the machine's plain memory-read bandwidth measured
 in the same run (a C loop over 1 GiB, 1 and 2 threads, before and after, best; og uses both cores, so the share is
@@ -18,8 +20,19 @@ of the 2-thread read). Writes benchmarks/results/real_size.{json,md}.
 
 Shapes (public configs): Llama-3.1-8B (hidden 4096, intermediate 14336, 32 layers, 32/8 heads, vocab 128256) as
 FP8 W8A8 + FP8 KV (amd/Llama-3.1-8B-Instruct-FP8-KV's scheme), PTPC FP8, NVFP4, MXFP4 and INT8 W8A8.
-Not covered (MoE): gpt-oss-20b MXFP4 and Qwen3-30B-A3B uint4 / MXFP4. Their experts are emitted by builder/ops/moe.py
-(issue #18), not by the dense linear forms measured here, and the synthetic writer has no MoE layout yet.
+MoE (write_moe_export: amd-quark's per-expert layout, checked against its own tiny exports by
+tests/test_real_size_moe.py): gpt-oss-20b (hidden 2880, 24 layers, 32 experts top-4 of width 2880, 64/8 heads of 64,
+vocab 201088, sinks, sliding window 128 on alternate layers, clamped SwiGLU, biases) as MXFP4 (amd-quark's mxfp4
+template: every linear but lm_head and the routers), and Qwen3-30B-A3B (hidden 2048, 48 layers, 128 experts top-8 of
+width 768, 32/4 heads of 128, vocab 151936, norm_topk_prob) as uint4 g32 (asymmetric, weight-only: the test
+factory's uint4_g32) and MXFP4. Their cpu default: com.quark_onnx MatMulExpertsMxfp4 for MXFP4 experts, one
+com.microsoft QMoE per layer for uint4 (builder/ops/moe.py). What custom_ops_library=none gives them is not fp32-dense
+experts: MXFP4 experts take the routed standard-op form (the stacked bytes decoded in standard ops; attention fp32),
+uint4 experts stay in QMoE and the attention in MatMulNBits (4-bit integer weights never had an fp32 CPU form; only
+lm_head and embedding differ). `--vocab proportional` (the release's vocabulary x --layers / its depth) keeps the
+lm_head's share of a token's bytes and of the RSS as in the full model. Each og run gets an address-space limit
+(--max_gib); a form whose 128-token prefill does not fit is rerun with a 1-token prompt (decode only) and its
+prefill reported as not measured.
 """
 from __future__ import annotations
 
@@ -632,7 +645,8 @@ def _save(rows: list[dict], argv, read: dict | None = None) -> None:
                     "8B rows: 32 layers, 128256); speed and RSS measured on the slice; each row's command and date "
                     "(rows without a date: the 8B run of 2026-12-02)"}
     (results / "real_size.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    runs = "\n".join(f"- `{c}` ({', '.join(sorted({r['release'] for r in rows if r['command'] == c}))})"
+    runs = "\n".join(f"- {next((r['date'] for r in rows if r['command'] == c and 'date' in r), '2026-12-02')}: "
+                      f"`{c}` ({', '.join(sorted({r['release'] for r in rows if r['command'] == c}))})"
                       for c in dict.fromkeys(r["command"] for r in rows))
     (results / "real_size.md").write_text(f"Runs:\n{runs}\n\n{table(rows)}\n")
 
