@@ -464,7 +464,7 @@ def _prefill(r: dict) -> str:
 
 
 def _x(row: dict, key: str) -> str:
-    return f"{row[key]:.2f}x" if key in row else "no dense run"
+    return f"{row[key]:.2f}x" if key in row else "dense: not measured"
 
 
 def table(rows: list[dict]) -> str:
@@ -645,10 +645,16 @@ def _save(rows: list[dict], argv, read: dict | None = None) -> None:
                     "8B rows: 32 layers, 128256); speed and RSS measured on the slice; each row's command and date "
                     "(rows without a date: the 8B run of 2026-12-02)"}
     (results / "real_size.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_markdown(rows)
+
+
+def write_markdown(rows: list[dict]) -> None:
+    """benchmarks/results/real_size.md from the rows (python -c "import real_size as r, json; r.write_markdown(
+    json.load(open('benchmarks/results/real_size.json'))['rows'])" redraws it after a change of the table)."""
     runs = "\n".join(f"- {next((r['date'] for r in rows if r['command'] == c and 'date' in r), '2026-12-02')}: "
                       f"`{c}` ({', '.join(sorted({r['release'] for r in rows if r['command'] == c}))})"
                       for c in dict.fromkeys(r["command"] for r in rows))
-    (results / "real_size.md").write_text(f"Runs:\n{runs}\n\n{table(rows)}\n")
+    (REPO / "benchmarks" / "results" / "real_size.md").write_text(f"Runs:\n{runs}\n\n{table(rows)}\n")
 
 
 if __name__ == "__main__":
