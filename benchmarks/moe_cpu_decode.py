@@ -178,7 +178,8 @@ def main() -> int:
     if a.qwen3_30b or a.gpt_oss_20b:  # the release shapes of benchmarks/real_size.py
         from real_size import GPT_OSS_20B, QWEN3_30B_A3B
         s = QWEN3_30B_A3B if a.qwen3_30b else GPT_OSS_20B
-        a.arch, a.hidden, a.inter, a.experts, a.top_k = "qwen3_moe", s["hidden"], s["moe_inter"], s["experts"], s["top_k"]
+        a.arch, a.hidden, a.inter = "qwen3_moe", s["hidden"], s["moe_inter"]
+        a.experts, a.top_k = s["experts"], s["top_k"]
         heads, kv_heads, head_dim = s["heads"], s["kv_heads"], s["head_dim"]
     root = Path(a.root)
     src = root / "export"
