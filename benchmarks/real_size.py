@@ -431,8 +431,8 @@ def session_weight_bytes(model_dir: Path, top_k: int | None = None) -> dict:
                 dims = sizes[node.input[1]][0]
                 streamed += 4 * attrs.get("N", dims[0]) * attrs.get("K", int(np.prod(dims[1:])))
         elif node.op_type in ("MatMul", "Gemm", "MatMulNBits"):
-            for i in node.input[1:]:
-                if i in sizes and i not in seen and len(sizes[i][0]) >= 2:
+            for i in node.input[1:]:  # MatMulNBits: its 1-D scales and zero points too
+                if i in sizes and i not in seen and (len(sizes[i][0]) >= 2 or node.op_type == "MatMulNBits"):
                     streamed += sizes[i][1]
                     seen.add(i)
     return {"streamed_bytes_per_token": int(streamed)}

@@ -24,7 +24,7 @@ import pytest
 from onnx_helpers import build
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from real_size import CONFIGS, write_moe_export  # noqa: E402
+from real_size import CONFIGS, session_weight_bytes, write_moe_export  # noqa: E402
 
 CASES = [("qwen3_moe", "uint4_g32", "uint4"), ("qwen3_moe", "mxfp4", "mxfp4"), ("gpt_oss", "mxfp4", "mxfp4")]
 QUARK_EXPORTS = [(shape, recipe) for shape, recipe, _ in CASES]
@@ -99,3 +99,25 @@ def test_synthetic_moe_export_matches_quark(quark_exports, tmp_path, shape, reci
     assert ours[0][EXPECTED_OP[kind]] == per_layer * len(layers)
     assert sorted(set(ours[1]) ^ set(theirs[1])) == []
     assert {k: v for k, v in ours[1].items() if theirs[1][k] != v} == {}
+
+
+DTYPE_BYTES = {"F32": 4, "BF16": 2, "U8": 1, "I32": 4}
+
+
+@pytest.mark.parametrize("shape,recipe,kind", CASES, ids=[f"{s}-{r}" for s, r, _ in CASES])
+def test_streamed_bytes_count_top_k_of_the_experts(quark_exports, tmp_path, shape, recipe, kind):
+    """real_size's GB/s column: a decoded token reads the quantized and 2-D float weights once and k/E of every
+    expert stack. Expected from the export's own tensors (the compact forms keep their bytes: MatMulExpertsMxfp4 /
+    MatMulMxfp4 the e2m1 + e8m0 bytes, QMoE and MatMulNBits the 4-bit codes, fp32 scales and packed zero points of
+    this float32 export; lm_head and routers fp32)."""
+    cfg = json.loads((quark_exports(shape, recipe) / "quark" / "config.json").read_text())
+    s = shape_of(cfg)
+    syn = write_moe_export(tmp_path / "syn", kind, CONFIGS[CONFIG_KEY[recipe]], s, np.float32)
+    expected = 0.0
+    for name, (dtype, dims) in tensors(syn).items():
+        if name.endswith(("weight", "weight_scale", "weight_zero_point")) and len(dims) == 2 \
+                and name != "model.embed_tokens.weight":
+            share = s["top_k"] / s["experts"] if ".experts." in name else 1
+            expected += DTYPE_BYTES[dtype] * int(np.prod(dims)) * share
+    got = session_weight_bytes(build(syn, tmp_path / "onnx", "cpu", "fp32"), s["top_k"])["streamed_bytes_per_token"]
+    assert got == pytest.approx(expected, rel=1e-6)
