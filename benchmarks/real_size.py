@@ -100,9 +100,6 @@ def linear_tensors(scheme: str, rng, proj: str, n: int, k: int) -> dict[str, np.
     return {"weight": packed, "weight_scale": block, "weight_scale_2": _scalar(2e-3), "input_scale_2": _scalar(0.01)}
 
 
-# the compact form asked for explicitly: the default chooses it only where the shipped library has the op's kernel
-# (builder/compact_forms.py missing_kernels); this run measures the form either way and says which ran. uint4: the
-# cpu default itself (MatMulNBits, QMoE experts), no option
 # the form each row is compared with: --extra_options custom_ops_library=none, the CPU forms of before the compact
 # default. For dense linears those are fp32 (FP8 / INT8 weights dequantized, FP4 decoded at load); MXFP4 experts
 # without the library take the routed standard-op form (their stacked checkpoint bytes, decoded in standard ops);
@@ -116,6 +113,9 @@ def baseline_form(scheme: str) -> str:
     return "fp32-dense (custom_ops_library=none)"
 
 
+# the compact form asked for explicitly: the default chooses it only where the shipped library has the op's kernel
+# (builder/compact_forms.py missing_kernels); this run measures the form either way and says which ran. uint4: the
+# cpu default itself (MatMulNBits, QMoE experts), no option
 COMPACT_OPTION = {"fp8_kv": ["fp8_linear=compact"], "ptpc": ["fp8_linear=compact"], "int8": ["int8_linear=compact"],
                   "mxfp4": ["fp4_linear=compact"], "nvfp4": ["fp4_linear=compact"], "uint4": []}
 # MoE release shapes (public configs); moe_inter: the expert width
@@ -228,7 +228,7 @@ def moe_config(s: dict, quant: dict, float_name: str) -> dict:
     return dict(sorted(cfg.items()))
 
 
-def write_moe_export(out: Path, kind: str, quant: dict, s: dict, float_dtype=BF16, tokenizer: bool = True) -> Path:
+def write_moe_export(out: Path, kind: str, quant: dict, s: dict, float_dtype=BF16) -> Path:
     """A layer-sliced Quark export of a Qwen3-MoE or gpt-oss shape `s` (QWEN3_30B_A3B / GPT_OSS_20B keys), one shard
     per layer. float_dtype: the model dtype (the tests write float32, as their tiny fixtures are)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -279,10 +279,7 @@ def write_moe_export(out: Path, kind: str, quant: dict, s: dict, float_dtype=BF1
     quant["exclude"] = [f"model.layers.{i}.{router}" for i in range(s["layers"])] + ["lm_head"]
     float_name = "bfloat16" if fd == BF16 else "float32"
     (out / "config.json").write_text(json.dumps(moe_config(s, quant, float_name), indent=1))
-    if tokenizer:
-        _finish(out)
-    else:
-        (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    _finish(out)
     return out
 
 
