@@ -627,7 +627,10 @@ def _save(rows: list[dict], argv, read: dict | None = None) -> None:
     with the command and date of the run that measured it."""
     results = REPO / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
-    command = "python benchmarks/real_size.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    args = list(argv if argv is not None else sys.argv[1:])
+    args = ["WORK" if i and args[i - 1] == "--work" else re.sub(r"^--work=.*", "--work=WORK", a)
+            for i, a in enumerate(args)]  # no machine paths in the results
+    command = "python benchmarks/real_size.py " + " ".join(args)
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = [{**r, "command": r.get("command", command), "date": r.get("date", date)} for r in rows]
     old = results / "real_size.json"
