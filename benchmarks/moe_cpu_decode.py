@@ -18,6 +18,8 @@ NVFP4 weights (random e2m1 codes, e4m3 block scales) with Quark's NVFP4 activati
 input_scale_2) everywhere (Quark's nvfp4 template).
 --gpt_oss_20b: gpt-oss-20b's expert shape (hidden 2880, 32 experts of width 2880, top-4; 64 / 8 heads of 64) on the
 Qwen3-MoE skeleton (SiLU experts without biases: the expert bytes and FLOPs of gpt-oss, not its attention sinks).
+Both shapes come from benchmarks/real_size.py, whose MoE rows measure the releases as whole outputs (amd-quark's own
+layout, gpt-oss's sinks, biases and clamped experts; RSS and sizes; the compact default against no library).
 --forms: dense (moe=dense), routed (moe=routed: QMoE for uint4; com.quark_onnx MatMulExperts* for MXFP4 / FP8 when
 the custom-op library is there), gather (moe=gather: the standard-op form). --prefill T,...: also the latency of one
 prompt of T tokens through each form (ORT CPU session per form, runs interleaved, best of --repeats; the gather form
@@ -197,12 +199,12 @@ def main() -> int:
     from builder.convert import convert
     from builder.emit_context import BuildOptions
     heads, kv_heads, head_dim = 8, 2, None
-    if a.qwen3_30b:
-        a.arch, a.hidden, a.inter, a.experts, a.top_k = "qwen3_moe", 2048, 768, 128, 8
-        heads, kv_heads, head_dim = 32, 4, 128
-    if a.gpt_oss_20b:
-        a.arch, a.hidden, a.inter, a.experts, a.top_k = "qwen3_moe", 2880, 2880, 32, 4
-        heads, kv_heads, head_dim = 64, 8, 64
+    if a.qwen3_30b or a.gpt_oss_20b:  # the release shapes of benchmarks/real_size.py
+        from real_size import GPT_OSS_20B, QWEN3_30B_A3B
+        s = QWEN3_30B_A3B if a.qwen3_30b else GPT_OSS_20B
+        a.arch, a.hidden, a.inter = "qwen3_moe", s["hidden"], s["moe_inter"]
+        a.experts, a.top_k = s["experts"], s["top_k"]
+        heads, kv_heads, head_dim = s["heads"], s["kv_heads"], s["head_dim"]
     root = Path(a.root)
     src = root / "export"
     write_export(src, a.hidden, a.inter, a.experts, a.top_k, a.layers, arch=a.arch, scheme=a.scheme, heads=heads,

@@ -1,6 +1,7 @@
 """Real-size CPU outputs of the published Quark schemes: the compact default against the old fp32-dense form.
 
-    python benchmarks/real_size.py [--work DIR] [--layers 2] [--vocab 32000] [--rounds 2] [--only fp8_kv,...]
+    python benchmarks/real_size.py [--work DIR] [--layers 2] [--vocab 32000|proportional] [--rounds 2]
+                                   [--only fp8_kv,...,gpt_oss_mxfp4,qwen3_moe_uint4,qwen3_moe_mxfp4] [--max_gib 8]
 
 For each release shape it writes a layer-sliced, format-exact synthetic Quark export (the tensor names, dtypes, shapes
 and quantization_config of a real amd-quark export of that scheme: benchmarks/real_size_quant_configs.json holds the
@@ -10,7 +11,8 @@ before), and loads each in onnxruntime-genai in a fresh process, the two forms i
 
 Per row: output / export bytes extrapolated to the full model (per-layer bytes x the real depth, vocabulary-sized
 tensors x the real vocabulary; the runtime slice uses a smaller vocabulary to stay under 5 GiB); load and decode
-RSS (VmHWM after load / after decoding); decode tok/s and prefill ms (128 tokens) as measured on the slice, and as
+RSS (VmHWM after load / after decoding; "session / output": the decode peak less the process's RSS before the model
+was loaded, over the output's bytes); decode tok/s and prefill ms (128 tokens) as measured on the slice, and as
 ratios to the fp32-dense form of the same run; GB/s streamed at decode (the bytes the session's weights hold per
 token, the embedding excepted, times tok/s) and that as a share of the machine's plain memory-read bandwidth measured
 in the same run (a C loop over 1 GiB, 1 and 2 threads, before and after, best; og uses both cores, so the share is
@@ -18,8 +20,19 @@ of the 2-thread read). Writes benchmarks/results/real_size.{json,md}.
 
 Shapes (public configs): Llama-3.1-8B (hidden 4096, intermediate 14336, 32 layers, 32/8 heads, vocab 128256) as
 FP8 W8A8 + FP8 KV (amd/Llama-3.1-8B-Instruct-FP8-KV's scheme), PTPC FP8, NVFP4, MXFP4 and INT8 W8A8.
-Not covered (MoE): gpt-oss-20b MXFP4 and Qwen3-30B-A3B uint4 / MXFP4. Their experts are emitted by builder/ops/moe.py
-(issue #18), not by the dense linear forms measured here, and the synthetic writer has no MoE layout yet.
+MoE (write_moe_export: amd-quark's per-expert layout, checked against its own tiny exports by
+tests/test_real_size_moe.py): gpt-oss-20b (hidden 2880, 24 layers, 32 experts top-4 of width 2880, 64/8 heads of 64,
+vocab 201088, sinks, sliding window 128 on alternate layers, clamped SwiGLU, biases) as MXFP4 (amd-quark's mxfp4
+template: every linear but lm_head and the routers), and Qwen3-30B-A3B (hidden 2048, 48 layers, 128 experts top-8 of
+width 768, 32/4 heads of 128, vocab 151936, norm_topk_prob) as uint4 g32 (asymmetric, weight-only: the test
+factory's uint4_g32) and MXFP4. Their cpu default: com.quark_onnx MatMulExpertsMxfp4 for MXFP4 experts, one
+com.microsoft QMoE per layer for uint4 (builder/ops/moe.py). What custom_ops_library=none gives them is not fp32-dense
+experts: MXFP4 experts take the routed standard-op form (the stacked bytes decoded in standard ops; attention fp32),
+uint4 experts stay in QMoE and the attention in MatMulNBits (4-bit integer weights never had an fp32 CPU form; only
+lm_head and embedding differ). `--vocab proportional` (the release's vocabulary x --layers / its depth) keeps the
+lm_head's share of a token's bytes and of the RSS as in the full model. Each og run gets an address-space limit
+(--max_gib); a form whose 128-token prefill does not fit is rerun with a 1-token prompt (decode only) and its
+prefill reported as not measured.
 """
 from __future__ import annotations
 
@@ -87,22 +100,45 @@ def linear_tensors(scheme: str, rng, proj: str, n: int, k: int) -> dict[str, np.
     return {"weight": packed, "weight_scale": block, "weight_scale_2": _scalar(2e-3), "input_scale_2": _scalar(0.01)}
 
 
+# the form each row is compared with: --extra_options custom_ops_library=none, the CPU forms of before the compact
+# default. For dense linears those are fp32 (FP8 / INT8 weights dequantized, FP4 decoded at load); MXFP4 experts
+# without the library take the routed standard-op form (their stacked checkpoint bytes, decoded in standard ops);
+# 4-bit integer weights were never fp32 there: MatMulNBits and QMoE experts, only lm_head / embedding fp32
+def baseline_form(scheme: str) -> str:
+    kind, shape = SCHEMES[scheme][0], SCHEMES[scheme][3]
+    if kind == "uint4":
+        return "no library (custom_ops_library=none: QMoE, MatMulNBits, fp32 lm_head)"
+    if "arch" in shape:
+        return "no library (custom_ops_library=none: standard-op routed experts, fp32 attention)"
+    return "fp32-dense (custom_ops_library=none)"
+
+
 # the compact form asked for explicitly: the default chooses it only where the shipped library has the op's kernel
-# (builder/compact_forms.py missing_kernels); this run measures the form either way and says which ran
-COMPACT_OPTION = {"fp8_kv": "fp8_linear=compact", "ptpc": "fp8_linear=compact", "int8": "int8_linear=compact",
-                  "mxfp4": "fp4_linear=compact", "nvfp4": "fp4_linear=compact"}
-SCHEMES = {  # row name -> (synthetic scheme, config key of real_size_quant_configs.json, release it stands for)
-    "fp8_kv": ("fp8_kv", "fp8_w8a8_kv", "Llama-3.1-8B FP8 W8A8 + FP8 KV"),
-    "ptpc": ("ptpc", "ptpc_fp8", "Llama-3.1-8B PTPC FP8"),
-    "nvfp4": ("nvfp4", "nvfp4", "Llama-3.1-8B NVFP4"),
-    "mxfp4": ("mxfp4", "mxfp4", "Llama-3.1-8B MXFP4 (dense stand-in for gpt-oss's MXFP4 linears)"),
-    "int8": ("int8", "int8_w8a8", "Llama-3.1-8B INT8 W8A8"),
+# (builder/compact_forms.py missing_kernels); this run measures the form either way and says which ran. uint4: the
+# cpu default itself (MatMulNBits, QMoE experts), no option
+COMPACT_OPTION = {"fp8_kv": ["fp8_linear=compact"], "ptpc": ["fp8_linear=compact"], "int8": ["int8_linear=compact"],
+                  "mxfp4": ["fp4_linear=compact"], "nvfp4": ["fp4_linear=compact"], "uint4": []}
+# MoE release shapes (public configs); moe_inter: the expert width
+QWEN3_30B_A3B = dict(arch="qwen3_moe", hidden=2048, inter=6144, moe_inter=768, layers=48, heads=32, kv_heads=4,
+                     head_dim=128, vocab=151936, experts=128, top_k=8)
+GPT_OSS_20B = dict(arch="gpt_oss", hidden=2880, inter=2880, moe_inter=2880, layers=24, heads=64, kv_heads=8,
+                   head_dim=64, vocab=201088, experts=32, top_k=4)
+SCHEMES = {  # row name -> (synthetic scheme, config key of real_size_quant_configs.json, release it stands for, shape)
+    "fp8_kv": ("fp8_kv", "fp8_w8a8_kv", "Llama-3.1-8B FP8 W8A8 + FP8 KV", LLAMA_8B),
+    "ptpc": ("ptpc", "ptpc_fp8", "Llama-3.1-8B PTPC FP8", LLAMA_8B),
+    "nvfp4": ("nvfp4", "nvfp4", "Llama-3.1-8B NVFP4", LLAMA_8B),
+    "mxfp4": ("mxfp4", "mxfp4", "Llama-3.1-8B MXFP4 (dense stand-in for gpt-oss's MXFP4 linears)", LLAMA_8B),
+    "int8": ("int8", "int8_w8a8", "Llama-3.1-8B INT8 W8A8", LLAMA_8B),
+    "gpt_oss_mxfp4": ("mxfp4", "mxfp4", "gpt-oss-20b MXFP4 (experts and attention)", GPT_OSS_20B),
+    "qwen3_moe_uint4": ("uint4", "uint4_g32", "Qwen3-30B-A3B uint4 g32", QWEN3_30B_A3B),
+    "qwen3_moe_mxfp4": ("mxfp4", "mxfp4", "Qwen3-30B-A3B MXFP4", QWEN3_30B_A3B),
 }
 
 
 def write_export(out: Path, scheme: str, layers: int, vocab: int) -> Path:
-    s = LLAMA_8B
-    kind, config_key, _ = SCHEMES[scheme]
+    kind, config_key, _, s = SCHEMES[scheme]
+    if "arch" in s:
+        return write_moe_export(out, kind, CONFIGS[config_key], dict(s, layers=layers, vocab=vocab))
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     hidden, inter, head_dim = s["hidden"], s["inter"], s["hidden"] // s["heads"]
@@ -135,10 +171,115 @@ def write_export(out: Path, scheme: str, layers: int, vocab: int) -> Path:
            "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
            "quantization_config": CONFIGS[config_key]}
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    _finish(out)
+    return out
+
+
+def _finish(out: Path) -> None:
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
     sys.path.insert(0, str(REPO / "tests"))
     from tiny_tokenizer import write_tokenizer  # a byte-level BPE og can load (token ids are fed directly)
     write_tokenizer(out)
+
+
+# ---- MoE exports ------------------------------------------------------------------------------------------------
+# The layout amd-quark 0.13 (transformers 5) writes for Qwen3-MoE and gpt-oss, as in the tiny fixtures of
+# tests/quark_factory.py (shapes qwen3_moe / gpt_oss, recipes uint4_g32 / mxfp4; tests/test_real_size_moe.py compares
+# names, dtypes, shapes, config keys and quantization_config): one nn.Linear per expert and projection
+# (Quark's preprocess_for_quantization splits the fused 3-D experts), gpt-oss's gate_up_proj kept fused (rows g0, u0,
+# g1, u1, ...) with float biases; the routers (Qwen3 mlp.gate, gpt-oss mlp.router) float and named, layer by layer,
+# in `exclude` before lm_head. Float tensors in the model dtype (bfloat16 for the releases; quantization scales of
+# uint4 too), MXFP4 scales e8m0 bytes.
+def moe_linear_tensors(kind: str, rng, n: int, k: int, float_dtype) -> dict[str, np.ndarray]:
+    if kind == "uint4":  # Quark's reorder-packed int32 words [K, N/8], scales [K/32, N], zero points [K/32, N/8]
+        from synthetic_quark_export import linear_tensors as uint4_tensors
+        t = {key.rsplit(".", 1)[-1]: v for key, v in uint4_tensors(rng, "w", n, k, 32).items()}
+        t["weight_scale"] = t["weight_scale"].astype(float_dtype)
+        zp = t["weight_zero_point"]  # asymmetric: zero points vary (not all 8, which MatMulNBits would leave out)
+        t["weight_zero_point"] = np.frombuffer(rng.bytes(zp.size * 4), np.int32).reshape(zp.shape)
+        return t
+    return linear_tensors(kind, rng, "", n, k)
+
+
+def moe_config(s: dict, quant: dict, float_name: str) -> dict:
+    """config.json as transformers 5 writes it for the two families (the keys of the tiny fixtures' configs)."""
+    common = {"attention_dropout": 0.0, "bos_token_id": 1, "dtype": float_name, "eos_token_id": 2,
+              "head_dim": s["head_dim"], "hidden_act": "silu", "hidden_size": s["hidden"], "initializer_range": 0.02,
+              "intermediate_size": s["inter"], "num_attention_heads": s["heads"],
+              "num_experts_per_tok": s["top_k"], "num_hidden_layers": s["layers"],
+              "num_key_value_heads": s["kv_heads"], "num_local_experts": s["experts"], "output_router_logits": False,
+              "pad_token_id": None, "router_aux_loss_coef": 0.001, "tie_word_embeddings": False,
+              "transformers_version": "5.24.0", "use_cache": True, "vocab_size": s["vocab"]}
+    if s["arch"] == "qwen3_moe":
+        cfg = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **common,
+               "attention_bias": False, "decoder_sparse_step": 1, "max_position_embeddings": 40960,
+               "mlp_only_layers": [], "moe_intermediate_size": s["moe_inter"], "norm_topk_prob": True,
+               "rms_norm_eps": 1e-6, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+               "sliding_window": None, "use_sliding_window": False}
+    else:  # gpt-oss-20b: alternating sliding (128) / full attention, yarn rope, clamped SwiGLU
+        cfg = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", **common, "attention_bias": True,
+               "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(s["layers"])],
+               "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+               "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                   "original_max_position_embeddings": 4096, "truncate": False,
+                                   "rope_theta": 150000.0},
+               "sliding_window": 128, "swiglu_alpha": 1.702, "swiglu_limit": 7.0}
+    cfg["quantization_config"] = quant
+    return dict(sorted(cfg.items()))
+
+
+def write_moe_export(out: Path, kind: str, quant: dict, s: dict, float_dtype=BF16) -> Path:
+    """A layer-sliced Quark export of a Qwen3-MoE or gpt-oss shape `s` (QWEN3_30B_A3B / GPT_OSS_20B keys), one shard
+    per layer. float_dtype: the model dtype (the tests write float32, as their tiny fixtures are)."""
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    fd = np.dtype(float_dtype)
+    gpt = s["arch"] == "gpt_oss"
+    hidden, e_inter, head_dim = s["hidden"], s["moe_inter"], s["head_dim"]
+    q_out, kv = s["heads"] * head_dim, s["kv_heads"] * head_dim
+    router = "mlp.router" if gpt else "mlp.gate"
+
+    def floats(*shape, std=0.02):
+        return eager((std * rng.standard_normal(shape, np.float32)).astype(fd))
+
+    def embedding():
+        return normal_bf16(rng, s["vocab"], hidden) if fd == BF16 else floats(s["vocab"], hidden)
+
+    names = {}
+    first = {"lm_head.weight": embedding(), "model.embed_tokens.weight": embedding(),
+             "model.norm.weight": eager(np.ones(hidden, fd))}
+    save_shard(out / "model-00000.safetensors", first)
+    names.update(dict.fromkeys(first, "model-00000.safetensors"))
+    attn = {"q_proj": (q_out, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden), "o_proj": (hidden, q_out)}
+    experts = {"gate_up_proj": (2 * e_inter, hidden), "down_proj": (hidden, e_inter)} if gpt else \
+        {"gate_proj": (e_inter, hidden), "up_proj": (e_inter, hidden), "down_proj": (hidden, e_inter)}
+    for i in range(s["layers"]):
+        p = f"model.layers.{i}"
+        tensors = {f"{p}.input_layernorm.weight": eager(np.ones(hidden, fd)),
+                   f"{p}.post_attention_layernorm.weight": eager(np.ones(hidden, fd)),
+                   f"{p}.{router}.weight": floats(s["experts"], hidden, std=1.0)}
+        if gpt:
+            tensors[f"{p}.{router}.bias"] = floats(s["experts"])
+            tensors[f"{p}.self_attn.sinks"] = floats(s["heads"], std=1.0)
+        else:
+            tensors[f"{p}.self_attn.q_norm.weight"] = eager(np.ones(head_dim, fd))
+            tensors[f"{p}.self_attn.k_norm.weight"] = eager(np.ones(head_dim, fd))
+        linears = {f"self_attn.{k}": v for k, v in attn.items()}
+        linears.update({f"mlp.experts.{e}.{k}": v for e in range(s["experts"]) for k, v in experts.items()})
+        for proj, (n, k) in linears.items():
+            for suffix, value in moe_linear_tensors(kind, rng, n, k, fd).items():
+                tensors[f"{p}.{proj}.{suffix}"] = eager(np.array(value, order="C"))
+            if gpt:
+                tensors[f"{p}.{proj}.bias"] = floats(n)
+        shard = f"model-{i + 1:05d}.safetensors"
+        save_shard(out / shard, tensors)
+        names.update(dict.fromkeys(tensors, shard))
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": names}))
+    quant = json.loads(json.dumps(quant))
+    quant["exclude"] = [f"model.layers.{i}.{router}" for i in range(s["layers"])] + ["lm_head"]
+    float_name = "bfloat16" if fd == BF16 else "float32"
+    (out / "config.json").write_text(json.dumps(moe_config(s, quant, float_name), indent=1))
+    _finish(out)
     return out
 
 
@@ -178,8 +319,8 @@ def output_items(model_dir: Path):
         yield t.name, list(t.dims), size
 
 
-def full_bytes(split: dict, vocab: int, layers: int = LLAMA_8B["layers"], real_vocab: int = LLAMA_8B["vocab"]) -> float:
-    return split["layer"] * layers + split["vocab"] * real_vocab / vocab + split["other"]
+def full_bytes(split: dict, vocab: int, shape: dict = LLAMA_8B) -> float:
+    return split["layer"] * shape["layers"] + split["vocab"] * shape["vocab"] / vocab + split["other"]
 
 
 # ---- conversion and og runs (children) --------------------------------------------------------------------------
@@ -200,19 +341,20 @@ def convert(export: Path, out: Path, extra: list[str]) -> dict:
 def child_run(model_dir: str, prefill_len: int, tokens: int) -> dict:
     import onnxruntime_genai as og
 
-    def hwm() -> int:
+    def hwm(field: str = "VmHWM") -> int:
         with open("/proc/self/status") as fh:
-            return round(int(re.search(r"VmHWM:\s+(\d+)", fh.read()).group(1)) / 1024)
+            return round(int(re.search(field + r":\s+(\d+)", fh.read()).group(1)) / 1024)
 
+    base = hwm()  # the process before the model: python, numpy, onnxruntime-genai
     t = time.perf_counter()
     model = og.Model(model_dir)
-    out = {"load_s": round(time.perf_counter() - t, 2), "load_rss_mib": hwm()}
+    out = {"base_rss_mib": base, "load_s": round(time.perf_counter() - t, 2), "load_rss_mib": hwm()}
     vocab = json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]["vocab_size"]
     rng = np.random.default_rng(0)
     params = og.GeneratorParams(model)
     params.set_search_options(do_sample=False, max_length=prefill_len + tokens + 1, min_length=0)
-    warm = og.Generator(model, params)
-    warm.append_tokens(rng.integers(3, vocab, size=(1, 8), dtype=np.int32))  # first run: prepacking
+    warm = og.Generator(model, params)  # first run (prepacking), through the branches the prefill takes
+    warm.append_tokens(rng.integers(3, vocab, size=(1, prefill_len), dtype=np.int32))
     del warm
     gen = og.Generator(model, params)
     t = time.perf_counter()
@@ -224,16 +366,27 @@ def child_run(model_dir: str, prefill_len: int, tokens: int) -> dict:
         gen.generate_next_token()
         n += 1
     out["decode_tps"] = round(n / (time.perf_counter() - t), 3)
-    out["decode_rss_mib"] = hwm()
+    out["decode_rss_mib"] = hwm()  # the peak (VmHWM): load, the prefills and the decode
+    out["end_rss_mib"] = hwm("VmRSS")
     return out
 
 
-def run_child(model_dir: Path, prefill_len: int, tokens: int) -> dict:
+def run_child(model_dir: Path, prefill_len: int, tokens: int, max_gib: float = 0) -> dict:
+    """One og run in a fresh process; max_gib: its address-space limit (RLIMIT_AS), so that a form whose peak does not
+    fit fails with an allocation error instead of pushing a shared machine out of memory."""
+    def limit():
+        if max_gib:
+            import resource
+            resource.setrlimit(resource.RLIMIT_AS, (int(max_gib * 2**30),) * 2)
     r = subprocess.run([sys.executable, __file__, "_child", str(model_dir), str(prefill_len), str(tokens)],
-                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), preexec_fn=limit)
     if r.returncode:
         why = (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[-1][:300]
-        return {"error": f"killed by signal {-r.returncode} (out of memory?)" if r.returncode < 0 else why}
+        if r.returncode < 0:
+            why = f"killed by signal {-r.returncode} (out of memory?)"
+        elif max_gib and re.search(r"alloc|memory", r.stderr, re.I):
+            why = f"out of memory under the {max_gib:g} GiB address-space limit (--max_gib): {why}"
+        return {"error": why}
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -245,19 +398,27 @@ def shipped_kernels(model_dir: Path) -> frozenset:
     return exported_kernels(str(model_dir / library)) if library else frozenset()
 
 
-def session_weight_bytes(model_dir: Path) -> dict:
+def session_weight_bytes(model_dir: Path, top_k: int | None = None) -> dict:
     """Bytes a decode step streams, per form: com.quark_onnx weights as stored when the shipped library has the op's
     kernel, else as ORT constant-folds them (float32 [K, N]); every other 2-D float weight as stored; the embedding
-    (one row gathered per token) left out."""
+    (one row gathered per token) left out. MoE experts: top_k / E of each [E, ...] stack (MatMulExperts*, QMoE; the
+    routed standard-op form's If: builder/ops/routed_experts.py gathered_bytes_per_token)."""
     import onnx
     from builder.custom_ops_library import OP_SYMBOLS
+    from builder.ops.routed_experts import gathered_bytes_per_token
     symbols = shipped_kernels(model_dir)
     model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
     sizes = {t.name: (list(t.dims), int(np.prod(t.dims, dtype=np.int64))
                       * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize) for t in model.graph.initializer}
-    streamed, seen = 0, set()
+    streamed, seen = sum(gathered_bytes_per_token(model).values()), set()
     for node in model.graph.node:
-        if node.domain == "com.quark_onnx":
+        experts = node.op_type == "QMoE" or node.op_type.startswith("MatMulExperts")
+        if experts:
+            k = next((a.i for a in node.attribute if a.name == "k"), top_k)
+            weights = [i for i in node.input[1:] if i in sizes and len(sizes[i][0]) >= 2]
+            seen.update(weights)
+            streamed += sum(sizes[w][1] * k / sizes[w][0][0] for w in weights)
+        elif node.domain == "com.quark_onnx":
             weights = [i for i in node.input[1:] if i in sizes]
             seen.update(weights)
             if OP_SYMBOLS.get(node.op_type) in symbols:
@@ -267,11 +428,11 @@ def session_weight_bytes(model_dir: Path) -> dict:
                 dims = sizes[node.input[1]][0]
                 streamed += 4 * attrs.get("N", dims[0]) * attrs.get("K", int(np.prod(dims[1:])))
         elif node.op_type in ("MatMul", "Gemm", "MatMulNBits"):
-            for i in node.input[1:]:
-                if i in sizes and i not in seen and len(sizes[i][0]) >= 2:
+            for i in node.input[1:]:  # MatMulNBits: its 1-D scales and zero points too
+                if i in sizes and i not in seen and (len(sizes[i][0]) >= 2 or node.op_type == "MatMulNBits"):
                     streamed += sizes[i][1]
                     seen.add(i)
-    return {"streamed_bytes_per_token": streamed}
+    return {"streamed_bytes_per_token": int(streamed)}
 
 
 def kernels_used(model_dir: Path) -> dict[str, str]:
@@ -284,9 +445,28 @@ def kernels_used(model_dir: Path) -> dict[str, str]:
     return {op: "kernel" if OP_SYMBOLS.get(op) in symbols else "function (folded to fp32 at load)" for op in ops}
 
 
+def session_rss_ratio(r: dict) -> str:
+    """Decode RSS less the process's RSS before the model was loaded, over the output's bytes on disk (the slice);
+    rows measured before base_rss_mib existed: the whole RSS, marked *."""
+    out = r["output_bytes_slice"] / 2**20
+    if "base_rss_mib" in r:
+        return f"{(r['decode_rss_mib'] - r['base_rss_mib']) / out:.2f}"
+    return f"{r['decode_rss_mib'] / out:.2f}*"
+
+
+def _prefill(r: dict) -> str:
+    if "prefill_ms" not in r:  # decode measured after a 1-token prompt
+        return f"not measured: {r['prefill_error']}"[:160]
+    return f"{r['prefill_ms']:.0f} ({_x(r, 'prefill_vs_dense')})"
+
+
+def _x(row: dict, key: str) -> str:
+    return f"{row[key]:.2f}x" if key in row else "dense: not measured"
+
+
 def table(rows: list[dict]) -> str:
-    head = ("| shape | form | output / export (full depth) | output GB | load RSS / output | decode RSS MiB | "
-            "decode tok/s (x dense) | prefill 128 ms (x dense) | GB/s streamed (of plain read) |")
+    head = ("| shape | form | output / export (full depth) | output GB | load RSS / output | decode RSS MiB "
+            "(session / output) | decode tok/s (x dense) | prefill 128 ms (x dense) | GB/s streamed (of plain read) |")
     lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
@@ -298,21 +478,34 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['release']} | {r['form']} | {r['ratio_to_export']:.2f}x | {r['output_gb_full']:.2f} "
             f"(export {r['export_gb_full']:.2f}) | {r['load_rss_mib'] / (r['output_bytes_slice'] / 2**20):.2f} | "
-            f"{r['decode_rss_mib']} | {r['decode_tps']:.2f} ({r['decode_vs_dense']:.2f}x) | "
-            f"{r['prefill_ms']:.0f} ({r['prefill_vs_dense']:.2f}x) | {r['gbps']:.2f}{of_read} |")
+            f"{r['decode_rss_mib']} ({session_rss_ratio(r)}) | "
+            f"{r['decode_tps']:.2f} ({_x(r, 'decode_vs_dense')}) | "
+            f"{_prefill(r)} | {r['gbps']:.2f}{of_read} |")
     return "\n".join(lines)
+
+
+def slice_vocab(option: str, shape: dict, layers: int) -> int:
+    if option == "proportional":
+        return -(-shape["vocab"] * layers // shape["layers"] // 64) * 64
+    if not option.isdigit() or int(option) < 64:
+        raise SystemExit(f"--vocab: a vocabulary size >= 64 or 'proportional', not {option!r}")
+    return int(option)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/real_size.py", description=__doc__.split("\n")[0])
     ap.add_argument("--work", default="/tmp/qo_real_size")
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--vocab", type=int, default=32000, help="vocabulary of the runtime slice (sizes: 128256)")
+    ap.add_argument("--vocab", default="32000",
+                    help="vocabulary of the runtime slice (sizes: the release's), or 'proportional': the release's "
+                         "vocabulary x layers / its depth, so that lm_head and layers keep their full-model shares")
     ap.add_argument("--rounds", type=int, default=2, help="A,B rounds per shape (best of)")
     ap.add_argument("--prefill", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--only", default=",".join(SCHEMES))
     ap.add_argument("--keep", action="store_true", help="keep the exports and outputs")
+    ap.add_argument("--max_gib", type=float, default=8.0,
+                    help="address-space limit of each og run (GiB; 0: none); a run past it is reported, not made")
     ap.add_argument("--run_folded", action="store_true",
                     help="also load compact outputs whose ops the library has no kernel for (memory: see --help)")
     a = ap.parse_args(argv)
@@ -323,11 +516,15 @@ def main(argv=None) -> int:
           flush=True)
     rows = []
     for scheme in a.only.split(","):
-        release = SCHEMES[scheme][2]
-        export = write_export(work / f"{scheme}_export", scheme, a.layers, a.vocab)
-        ex_split = _split_bytes(list(export_items(export)), a.vocab)
-        forms = {"compact": (work / f"{scheme}_compact", [COMPACT_OPTION[SCHEMES[scheme][0]]]),
-                 "fp32-dense (custom_ops_library=none)": (work / f"{scheme}_dense", ["custom_ops_library=none"])}
+        if scheme not in SCHEMES:
+            ap.error(f"--only: unknown row {scheme!r} (rows: {', '.join(SCHEMES)})")
+    for scheme in a.only.split(","):
+        kind, _, release, shape = SCHEMES[scheme]
+        vocab = slice_vocab(a.vocab, shape, a.layers)
+        export = write_export(work / f"{scheme}_export", scheme, a.layers, vocab)
+        ex_split = _split_bytes(list(export_items(export)), vocab)
+        forms = {"compact" if kind != "uint4" else "default": (work / f"{scheme}_compact", COMPACT_OPTION[kind]),
+                 baseline_form(scheme): (work / f"{scheme}_dense", ["custom_ops_library=none"])}
         info = {form: convert(export, out, extra) for form, (out, extra) in forms.items()}
         runs = {form: [] for form in forms}
         folded = {form: [op for op, how in kernels_used(out).items() if how != "kernel"]
@@ -339,47 +536,68 @@ def main(argv=None) -> int:
                                                 "function is folded to fp32 at load (peak about 2x the dense form "
                                                 "for FP8, out of memory for NVFP4; --run_folded runs it)"})
                     continue
-                runs[form].append(run_child(out, a.prefill, a.tokens))
+                if runs[form] and ("prefill_error" in runs[form][-1]
+                                   or "out of memory" in runs[form][-1].get("error", "")):
+                    prompt = 1  # no second try of a prefill that did not fit: decode after a 1-token prompt
+                else:
+                    prompt = a.prefill
+                run = run_child(out, prompt, a.tokens, a.max_gib)
+                if prompt > 1 and "out of memory" in run.get("error", ""):
+                    why = run["error"]
+                    run = run_child(out, 1, a.tokens, a.max_gib)
+                    if "error" not in run:
+                        run["prefill_error"] = f"{a.prefill}-token prefill: {why}"
+                if prompt == 1 and "error" not in run:
+                    run["prefill_error"] = next(r.get("prefill_error") for r in runs[form] + [run]
+                                                if r.get("prefill_error"))
+                runs[form].append(run)
         load = os.getloadavg()[0]
         dense = None
         for form, (out, _) in forms.items():
             ok = [r for r in runs[form] if "error" not in r]
             if not ok:
                 items = list(output_items(out))
-                out_split = _split_bytes(items, a.vocab)
+                out_split = _split_bytes(items, vocab)
                 out_split["other"] += sum(f.stat().st_size for f in out.iterdir() if f.is_file()
                                           and not f.name.startswith("tokenizer")) - sum(s for _, _, s in items)
-                full = full_bytes(out_split, a.vocab) / 1e9
+                full = full_bytes(out_split, vocab, shape) / 1e9
                 rows.append({"release": release, "scheme": scheme, "form": form, "error": runs[form][0]["error"],
-                             "output_gb_full": full, "export_gb_full": full_bytes(ex_split, a.vocab) / 1e9,
-                             "ratio_to_export": full / (full_bytes(ex_split, a.vocab) / 1e9), **info[form],
+                             "output_gb_full": full, "export_gb_full": full_bytes(ex_split, vocab, shape) / 1e9,
+                             "ratio_to_export": full / (full_bytes(ex_split, vocab, shape) / 1e9), **info[form],
                              "kernels": kernels_used(out)})
                 continue
-            best = {"decode_tps": max(r["decode_tps"] for r in ok), "prefill_ms": min(r["prefill_ms"] for r in ok),
+            full_prompt = [r for r in ok if "prefill_error" not in r]
+            best = {"decode_tps": max(r["decode_tps"] for r in ok),
+                    **({"prefill_ms": min(r["prefill_ms"] for r in full_prompt)} if full_prompt else
+                       {"prefill_error": ok[0]["prefill_error"]}),
                     "load_rss_mib": min(r["load_rss_mib"] for r in ok),
                     "decode_rss_mib": min(r["decode_rss_mib"] for r in ok), "load_s": min(r["load_s"] for r in ok)}
+            if all("base_rss_mib" in r for r in ok):
+                best["base_rss_mib"] = min(r["base_rss_mib"] for r in ok)
             items = list(output_items(out))
-            out_split = _split_bytes(items, a.vocab)
+            out_split = _split_bytes(items, vocab)
             graph_etc = sum(f.stat().st_size for f in out.iterdir() if f.is_file()
                             and not f.name.startswith("tokenizer")) - sum(s for _, _, s in items)
             out_split["other"] += graph_etc
-            streamed = session_weight_bytes(out)["streamed_bytes_per_token"]
+            streamed = session_weight_bytes(out, shape.get("top_k"))["streamed_bytes_per_token"]
             info[form]["kernels"] = kernels_used(out)
             row = {"release": release, "scheme": scheme, "form": form, **best, **info[form],
-                   "runs": runs[form], "export_gb_full": full_bytes(ex_split, a.vocab) / 1e9,
-                   "output_gb_full": full_bytes(out_split, a.vocab) / 1e9,
+                   "runs": runs[form], "export_gb_full": full_bytes(ex_split, vocab, shape) / 1e9,
+                   "output_gb_full": full_bytes(out_split, vocab, shape) / 1e9,
                    "output_bytes_slice": sum(s for _, _, s in items) + graph_etc,
                    "streamed_bytes_per_token_slice": streamed, "gbps": streamed * best["decode_tps"] / 1e9,
-                   "load_avg_1min": load, "layers": a.layers, "vocab_slice": a.vocab}
+                   "load_avg_1min": load, "layers": a.layers, "vocab_slice": vocab,
+                   "full_layers": shape["layers"], "full_vocab": shape["vocab"]}
             row["ratio_to_export"] = row["output_gb_full"] / row["export_gb_full"]
             row["read_GBs"], row["gbps_of_read"] = read, row["gbps"] / read["read_2t_GBs"]  # updated at the end
-            if form.startswith("fp32"):
+            if form == baseline_form(scheme):
                 dense = row
             rows.append(row)
         for row in rows:
             if row.get("scheme") == scheme and "error" not in row and dense:
                 row["decode_vs_dense"] = row["decode_tps"] / dense["decode_tps"]
-                row["prefill_vs_dense"] = row["prefill_ms"] / dense["prefill_ms"]
+                if "prefill_ms" in row and "prefill_ms" in dense:
+                    row["prefill_vs_dense"] = row["prefill_ms"] / dense["prefill_ms"]
         print(table([r for r in rows if r.get("scheme") == scheme or r["release"] == release]), flush=True)
         _save(rows, argv)
         if not a.keep:
@@ -405,18 +623,38 @@ def plain_read_gbs() -> dict[str, float]:
 
 
 def _save(rows: list[dict], argv, read: dict | None = None) -> None:
-    """Write the table and JSON; rows of other shapes already in the JSON (an earlier --only run) are kept."""
+    """Write the table and JSON; rows of other shapes already in the JSON (an earlier --only run) are kept, each
+    with the command and date of the run that measured it."""
     results = REPO / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
+    args = list(argv if argv is not None else sys.argv[1:])
+    args = ["WORK" if i and args[i - 1] == "--work" else re.sub(r"^--work=.*", "--work=WORK", a)
+            for i, a in enumerate(args)]  # no machine paths in the results
+    command = "python benchmarks/real_size.py " + " ".join(args)
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rows = [{**r, "command": r.get("command", command), "date": r.get("date", date)} for r in rows]
     old = results / "real_size.json"
     if old.exists():
         mine = {r.get("scheme") for r in rows}
-        rows = [r for r in json.loads(old.read_text())["rows"] if r.get("scheme") not in mine] + rows
-    meta = {"command": "python benchmarks/real_size.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        before = json.loads(old.read_text())
+        rows = [{**r, "command": r.get("command", before["meta"]["command"])} for r in before["rows"]
+                if r.get("scheme") not in mine] + rows
+    meta = {"command": command, "date": date,
             "machine": {"cpus": os.cpu_count(), "load_avg_end": os.getloadavg(), "plain_read_GBs": read},
-            "note": "sizes extrapolated to 32 layers and a 128256 vocabulary; speed and RSS measured on the slice"}
+            "note": "sizes extrapolated to each release's depth and vocabulary (rows: full_layers, full_vocab; the "
+                    "8B rows: 32 layers, 128256); speed and RSS measured on the slice; each row's command and date "
+                    "(rows without a date: the 8B run of 2026-12-02)"}
     (results / "real_size.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    (results / "real_size.md").write_text(f"`{meta['command']}`\n\n{table(rows)}\n")
+    write_markdown(rows)
+
+
+def write_markdown(rows: list[dict]) -> None:
+    """benchmarks/results/real_size.md from the rows (python -c "import real_size as r, json; r.write_markdown(
+    json.load(open('benchmarks/results/real_size.json'))['rows'])" redraws it after a change of the table)."""
+    runs = "\n".join(f"- {next((r['date'] for r in rows if r['command'] == c and 'date' in r), '2026-12-02')}: "
+                      f"`{c}` ({', '.join(sorted({r['release'] for r in rows if r['command'] == c}))})"
+                      for c in dict.fromkeys(r["command"] for r in rows))
+    (REPO / "benchmarks" / "results" / "real_size.md").write_text(f"Runs:\n{runs}\n\n{table(rows)}\n")
 
 
 if __name__ == "__main__":
