@@ -1,0 +1,118 @@
+"""DeepSeek MLA with --extra_options mla_cache=latent (builder/ops/mla_attention.py mla_latent_attention): the
+cache is MLA's compressed latent (kv_a_layernorm(c), Quark's kv_b_proj input quantization applied, and the roped
+k_rot) split over genai's key and value caches [B, 1, T, (kv_lora_rank + qk_rope)/2]; kv_b_proj is absorbed into the
+query and output sides.
+
+Against Quark's own model (tests/quark_factory.py reference.npz): prompt logits, and the greedy tokens through
+og.Generator with the latent cache (one token a step); the decode-step logits og returns for the latent form against
+those of the materialised form (which the prompt check ties to Quark). Schemes: kv_b_proj float (Quark's deepseek_v3
+template excludes self_attn: uint4 / MXFP4 experts), and, with attention quantized (local recipes below), uint4 g32
+weight-only and MXFP4 weights + dynamic MXFP4 activations on kv_b_proj. Quark's FP8 KV cache (kv_b_proj's output
+quantizer) is refused.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from builder.errors import ConversionError
+from builder.options import parse_extra_options
+from onnx_helpers import build, genai_greedy, op_types, prompt_logits
+from quark_factory import QuantRecipe
+from test_deepseek_v3 import LAYERS, expected_greedy
+
+ATTN_EXCLUDE = ("lm_head", "*mlp.gate")  # attention quantized too (Quark's template excludes *self_attn*)
+MXFP4_ATTN = QuantRecipe(name="mxfp4_attn", scheme="mxfp4", exclude=ATTN_EXCLUDE)
+UINT4_ATTN = QuantRecipe(name="uint4_g32_attn", scheme="uint4_wo_32", exclude=ATTN_EXCLUDE)
+CASES = [("deepseek_v3", "uint4_g32"), ("deepseek_v3", "mxfp4"), ("deepseek_v3", MXFP4_ATTN),
+         ("deepseek_v3", UINT4_ATTN), ("deepseek_v3_qproj_yarn", "uint4_g32"), ("deepseek_v3_qproj_yarn", MXFP4_ATTN)]
+QUARK_EXPORTS = CASES + [("deepseek_v3", "fp8_w8a8_kv"), ("deepseek_v3", "mxfp4_attn_kv")]
+BOUND = 2e-5          # max |logit diff| against Quark, the materialised form's bound (test_deepseek_v3.py)
+DECODE_BOUND = 2e-5   # og decode-step logits, latent vs materialised
+DECODE_STEPS = 8
+
+
+def _name(recipe) -> str:
+    return recipe if isinstance(recipe, str) else recipe.name
+
+
+def og_step_logits(model_dir, input_ids, steps: int) -> tuple[list[int], np.ndarray]:
+    """Greedy through og.Generator (its own cache): the tokens and the logits of each step [steps, vocab]."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(model_dir))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=input_ids.shape[1] + steps, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(input_ids)
+    tokens, logits = [], []
+    while not gen.is_done() and len(tokens) < steps:
+        logits.append(np.asarray(gen.get_logits(), dtype=np.float32).reshape(-1))
+        gen.generate_next_token()
+        tokens.append(int(gen.get_next_tokens()[0]))
+    return tokens, np.stack(logits)
+
+
+def latent_cache_shapes(model_dir) -> tuple[dict, list]:
+    decoder = json.loads((model_dir / "genai_config.json").read_text())["model"]
+    model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
+    dims = [[d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in model.graph.input
+            if i.name.startswith("past_key_values")]
+    return decoder, dims
+
+
+@pytest.mark.parametrize("shape,recipe", CASES, ids=[f"{s}-{_name(r)}" for s, r in CASES])
+def test_latent_cache_matches_quark(quark_exports, tmp_path, shape, recipe):
+    export = quark_exports(shape, recipe)
+    ref = np.load(export / "reference.npz")
+    ids = ref["input_ids"]
+    lat = build(export, tmp_path / "latent", "cpu", "fp32", accuracy_level=1, mla_cache="latent")
+    mat = build(export, tmp_path / "materialized", "cpu", "fp32", accuracy_level=1)
+    ops = op_types(lat)
+    assert "GroupQueryAttention" not in ops and op_types(mat)["GroupQueryAttention"] == LAYERS
+    diff = float(np.abs(prompt_logits(lat, ids) - ref["logits"]).max())
+    assert diff <= BOUND, diff
+    assert genai_greedy(lat, ids) == expected_greedy(ref)
+    tok_lat, log_lat = og_step_logits(lat, ids, DECODE_STEPS)
+    tok_mat, log_mat = og_step_logits(mat, ids, DECODE_STEPS)
+    assert tok_lat == tok_mat
+    step_diff = float(np.abs(log_lat - log_mat).max())
+    assert step_diff <= DECODE_BOUND, step_diff
+    # the cache: one "kv head" of (kv_lora_rank + qk_rope_head_dim) / 2 for key and for value
+    cfg, dims = latent_cache_shapes(lat)
+    from builder.arch import family_for
+    _f, hp = family_for(json.loads((export / "quark" / "config.json").read_text()), "config.json")
+    width = (hp.kv_lora_rank + hp.qk_rope_head_dim) // 2
+    assert (cfg["decoder"]["num_key_value_heads"], cfg["decoder"]["head_size"]) == (1, width)
+    assert dims == [["batch_size", 1, "past_sequence_length", width]] * (2 * LAYERS)
+    _cfg_m, dims_m = latent_cache_shapes(mat)
+    assert dims_m[0][1:] == [hp.num_heads, "past_sequence_length", hp.head_dim]
+    assert json.loads((lat / "genai_config.json").read_text())["search"]["past_present_share_buffer"] is False
+
+
+@pytest.mark.parametrize("recipe", ["fp8_w8a8_kv", "mxfp4_attn_kv"])
+def test_fp8_kv_cache_is_refused(quark_exports, tmp_path, recipe):
+    """Quark's FP8 KV cache quantizes kv_b_proj's output, which the absorbed form never computes."""
+    export = quark_exports("deepseek_v3", recipe)
+    with pytest.raises(ConversionError, match="FP8 KV cache") as err:
+        build(export, tmp_path / "latent", "cpu", "fp32", mla_cache="latent")
+    assert "mla_cache" in str(err.value)
+    assert not (tmp_path / "latent").exists()
+
+
+def test_other_eps_refused_cuda_built(quark_exports, tmp_path):
+    export = quark_exports("deepseek_v3", "uint4_g32")
+    for ep in ("rocm", "migraphx"):
+        with pytest.raises(ConversionError, match="built for cpu, cuda only"):
+            build(export, tmp_path / ep, ep, "fp16", mla_cache="latent")
+    ops = op_types(build(export, tmp_path / "cuda", "cuda", "fp16", mla_cache="latent"))
+    assert "GroupQueryAttention" not in ops and ops["Softmax"] == LAYERS
+
+
+def test_bad_value_is_refused():
+    with pytest.raises(ConversionError, match="unknown mla_cache value") as err:
+        parse_extra_options(["mla_cache=compressed"])
+    assert "materialized, latent" in str(err.value)
