@@ -2,7 +2,8 @@
 
 Per layer:
     x ─► RMSNorm ─► MLA (builder/ops/mla_attention.py: q/kv LoRA projections, decoupled RoPE part, materialised
-                    per-head K/V in GroupQueryAttention and its cache) ─► o_proj ─► +residual
+                    per-head K/V in GroupQueryAttention and its cache; mla_cache=latent: the compressed latent as
+                    the cache, kv_b_proj absorbed, explicit-op attention) ─► o_proj ─► +residual
       ─► RMSNorm ─► layers < first_k_dense_replace: SiLU MLP (mlp.gate/up/down_proj)
                     else: grouped sigmoid top-k routing (builder/ops/grouped_topk_router.py) over the routed
                     experts: one QMoE on CPU for 4-bit integer experts (builder/ops/grouped_qmoe.py), else routed in
