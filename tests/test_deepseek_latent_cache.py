@@ -119,3 +119,15 @@ def test_bad_value_is_refused():
     with pytest.raises(ConversionError, match="unknown mla_cache value") as err:
         parse_extra_options(["mla_cache=compressed"])
     assert "materialized, latent" in str(err.value)
+
+
+def test_fp16_io_latent_cache(quark_exports, tmp_path):
+    """fp16 io: the latent cache in fp16, near Quark as the materialised fp16 form is (test_deepseek_v3.py)."""
+    export = quark_exports("deepseek_v3", "uint4_g32")
+    ref = np.load(export / "reference.npz")
+    out = build(export, tmp_path / "latent", "cpu", "fp16", accuracy_level=1, mla_cache="latent")
+    diff = float(np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max())
+    assert diff <= 2e-2, diff  # measured 4.5e-3 (the materialised fp16 form: 4.5e-3 too)
+    assert genai_greedy(out, ref["input_ids"]) == expected_greedy(ref)
+    _cfg, dims = latent_cache_shapes(out)
+    assert dims[0] == ["batch_size", 1, "past_sequence_length", 24]
