@@ -22,7 +22,7 @@ from builder.errors import ConversionError
 from builder.options import parse_extra_options
 from onnx_helpers import build, genai_greedy, op_types, prompt_logits
 from quark_factory import QuantRecipe
-from test_deepseek_v3 import LAYERS, expected_greedy
+from test_deepseek_v3 import LAYERS, MOE_LAYERS, expected_greedy
 
 ATTN_EXCLUDE = ("lm_head", "*mlp.gate")  # attention quantized too (Quark's template excludes *self_attn*)
 MXFP4_ATTN = QuantRecipe(name="mxfp4_attn", scheme="mxfp4", exclude=ATTN_EXCLUDE)
@@ -96,6 +96,32 @@ def test_latent_cache_matches_quark(quark_exports, tmp_path, shape, recipe):
     assert json.loads((lat / "genai_config.json").read_text())["search"]["past_present_share_buffer"] is False
 
 
+@pytest.mark.parametrize("branch", ["absorbed", "materialized"])
+@pytest.mark.parametrize("shape,recipe", [("deepseek_v3", MXFP4_ATTN), ("deepseek_v3_qproj_yarn", "uint4_g32")],
+                         ids=["deepseek_v3-mxfp4_attn", "deepseek_v3_qproj_yarn-uint4_g32"])
+def test_each_attention_branch_matches_quark(quark_exports, tmp_path, monkeypatch, shape, recipe, branch):
+    """The If picks the absorbed attention for up to absorbed_max_tokens new tokens (decode) and K/V materialised
+    from the cached latent above (prompts); forced here to one branch for every call (prompt and decode steps)."""
+    import builder.ops.mla_attention as mla
+    monkeypatch.setattr(mla, "absorbed_max_tokens", lambda hp: (1 << 40) if branch == "absorbed" else 0)
+    export = quark_exports(shape, recipe)
+    ref = np.load(export / "reference.npz")
+    out = build(export, tmp_path / "latent", "cpu", "fp32", accuracy_level=1, mla_cache="latent")
+    diff = float(np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max())
+    assert diff <= BOUND, diff
+    assert genai_greedy(out, ref["input_ids"]) == expected_greedy(ref)
+
+
+def test_absorbed_max_tokens():
+    from types import SimpleNamespace
+
+    from builder.ops.mla_attention import absorbed_max_tokens
+    v3 = SimpleNamespace(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+    assert absorbed_max_tokens(v3) == 170  # 512 * 256 / (1024 - 256)
+    assert absorbed_max_tokens(SimpleNamespace(kv_lora_rank=32, qk_nope_head_dim=40, qk_rope_head_dim=8,
+                                               v_head_dim=40)) > 1 << 40  # never materialised
+
+
 @pytest.mark.parametrize("recipe", ["fp8_w8a8_kv", "mxfp4_attn_kv"])
 def test_fp8_kv_cache_is_refused(quark_exports, tmp_path, recipe):
     """Quark's FP8 KV cache quantizes kv_b_proj's output, which the absorbed form never computes."""
@@ -112,7 +138,7 @@ def test_other_eps_refused_cuda_built(quark_exports, tmp_path):
         with pytest.raises(ConversionError, match="built for cpu, cuda only"):
             build(export, tmp_path / ep, ep, "fp16", mla_cache="latent")
     ops = op_types(build(export, tmp_path / "cuda", "cuda", "fp16", mla_cache="latent"))
-    assert "GroupQueryAttention" not in ops and ops["Softmax"] == LAYERS
+    assert "GroupQueryAttention" not in ops and ops["If"] == LAYERS + MOE_LAYERS  # attention + routed experts
 
 
 def test_bad_value_is_refused():

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from onnx import helper
 
 from .linear import emit_linear
 from .norm import rms_norm
@@ -183,6 +184,15 @@ def kv_b_input_quant(ctx, plan, c: str) -> str:
                                    plan.node_prefix)
 
 
+def absorbed_max_tokens(hp) -> int:
+    """Most new tokens per call for which the absorbed attention costs fewer multiply-adds than materialising K/V
+    from the latent: per layer and key position, absorbed H·S·(2L + r) against materialised H·(L·(n + v) +
+    S·(n + r + v)), so S < L·(n + v) / (2L − n − v) (170 at DeepSeek-V3's shape); decode (S = 1) is always absorbed."""
+    lat, n, r, v = hp.kv_lora_rank, hp.qk_nope_head_dim, hp.qk_rope_head_dim, hp.v_head_dim
+    denominator = 2 * lat - n - v
+    return max(1, (lat * (n + v)) // denominator) if denominator > 0 else 1 << 62
+
+
 def latent_cache_width(hp) -> int:
     """genai head_size of the latent form: half the latent (key and value caches each hold one half)."""
     return (hp.kv_lora_rank + hp.qk_rope_head_dim) // 2
@@ -232,17 +242,47 @@ def mla_latent_attention(ctx, i: int, x: str, plans: dict, hp, rv: RopeValues, a
     if ctx.progress:
         ctx.progress(kv_b)
     q_nope = g.op("Transpose", [q_nope], f"{p}/q_nope/Transpose", perm=[0, 2, 1, 3])          # [B, H, S, n]
-    q_lat = g.op("MatMul", [q_nope, g.initializer(f"{pre}.kv_b_proj.w_uk", w_uk)], f"{p}/q_absorb/MatMul")
     q_rot = g.op("Transpose", [q_rot], f"{p}/q_rot/Transpose", perm=[0, 2, 1, 3])              # [B, H, S, r]
-    query = g.op("Concat", [q_lat, q_rot], f"{p}/q_latent/Concat", axis=-1)                   # [B, H, S, L + r]
-    scores = g.op("MatMul", [query, g.op("Transpose", [full], f"{p}/latent_T", perm=[0, 1, 3, 2])],
-                  f"{p}/QK/MatMul")                                                             # [B, H, S, T]
-    scores = g.op("Mul", [scores, g.scalar(f"{p}/scaling", float(hp.softmax_scale), ctx.io_np)], f"{p}/QK/Mul_scale")
     lowest = g.scalar(f"{p}/lowest", float(np.finfo(ctx.io_np).min) if ctx.io != "bf16" else -3.38e38, ctx.io_np)
-    probs = g.op("Softmax", [g.op("Where", [allowed, scores, lowest], f"{p}/mask/Where")], f"{p}/Softmax", axis=-1)
+    scale = g.scalar(f"{p}/scaling", float(hp.softmax_scale), ctx.io_np)
     c_all = g.op("Slice", [full, c64("c_start", [0]), c64("c_end", [lat]), c64("c_axes", [-1])], f"{p}/c_all/Slice")
-    ctx_lat = g.op("MatMul", [probs, c_all], f"{p}/PV/MatMul")                                  # [B, H, S, L]
-    out = g.op("MatMul", [ctx_lat, g.initializer(f"{pre}.kv_b_proj.w_uv_t", w_uv_t)], f"{p}/v_absorb/MatMul")
+    w_uk_name = g.initializer(f"{pre}.kv_b_proj.w_uk", w_uk)
+    w_uv_name = g.initializer(f"{pre}.kv_b_proj.w_uv_t", w_uv_t)
+
+    def probs_of(scores: str, q: str) -> str:
+        scores = g.op("Mul", [scores, scale], f"{q}/QK/Mul_scale")
+        return g.op("Softmax", [g.op("Where", [allowed, scores, lowest], f"{q}/mask/Where")], f"{q}/Softmax", axis=-1)
+
+    # absorbed (few new tokens, decode): q_lat = q_nope · W_UK, scores over the latent, out = (P · c) · W_UVᵀ
+    start, q = len(g.nodes), f"{p}/absorbed"
+    q_lat = g.op("MatMul", [q_nope, w_uk_name], f"{q}/q_absorb/MatMul")                        # [B, H, S, L]
+    query = g.op("Concat", [q_lat, q_rot], f"{q}/q_latent/Concat", axis=-1)                   # [B, H, S, L + r]
+    scores = g.op("MatMul", [query, g.op("Transpose", [full], f"{q}/latent_T", perm=[0, 1, 3, 2])],
+                  f"{q}/QK/MatMul")                                                             # [B, H, S, T]
+    ctx_lat = g.op("MatMul", [probs_of(scores, q), c_all], f"{q}/PV/MatMul")                   # [B, H, S, L]
+    absorbed = g.op("MatMul", [ctx_lat, w_uv_name], f"{q}/v_absorb/MatMul")                    # [B, H, S, v]
+    absorbed_nodes = g.nodes[start:]
+    del g.nodes[start:]
+    # materialised from the latent (prompts): k_nopeᵀ = W_UK · cᵀ [B, H, n, T], V = c · W_UVᵀ [B, H, T, v]
+    start, q = len(g.nodes), f"{p}/materialized"
+    k_nope_t = g.op("MatMul", [w_uk_name, g.op("Transpose", [c_all], f"{q}/c_T", perm=[0, 1, 3, 2])],
+                    f"{q}/k_nope/MatMul")
+    k_rot_t = g.op("Transpose", [g.op("Slice", [full, c64("kr_start", [lat]), c64("kr_end", [lat + r]),
+                                                c64("kr_axes", [-1])], f"{q}/k_rot/Slice")],
+                   f"{q}/k_rot_T", perm=[0, 1, 3, 2])                                           # [B, 1, r, T]
+    scores = g.op("Add", [g.op("MatMul", [q_nope, k_nope_t], f"{q}/QK_nope/MatMul"),
+                          g.op("MatMul", [q_rot, k_rot_t], f"{q}/QK_rot/MatMul")], f"{q}/QK/Add")
+    values = g.op("MatMul", [c_all, w_uv_name], f"{q}/v/MatMul")                               # [B, H, T, v]
+    materialized = g.op("MatMul", [probs_of(scores, q), values], f"{q}/PV/MatMul")             # [B, H, S, v]
+    materialized_nodes = g.nodes[start:]
+    del g.nodes[start:]
+    new_len = g.op("Shape", [x], f"{p}/new_len", start=1, end=2)
+    cond = g.op("LessOrEqual", [new_len, c64("absorbed_max_tokens", [absorbed_max_tokens(hp)])],
+                f"{p}/FewTokens")
+    info = lambda v: helper.make_tensor_value_info(v, ctx.io_type, None)  # noqa: E731
+    out = g.op("If", [cond], f"{p}/If",
+               then_branch=helper.make_graph(absorbed_nodes, f"{p}/absorbed", [], [info(absorbed)]),
+               else_branch=helper.make_graph(materialized_nodes, f"{p}/materialized", [], [info(materialized)]))
     out = g.op("Transpose", [out], f"{p}/out_transpose", perm=[0, 2, 1, 3])                    # [B, S, H, v]
     out = g.op("Reshape", [out, c64("out_flat", [0, 0, h * hp.v_head_dim])], f"{p}/out_reshape")
     return emit_linear(ctx, plans[f"{pre}.o_proj"], out)
