@@ -23,6 +23,8 @@ into the query and output sides (explicit ops; genai past_present_share_buffer f
     W = kv_b_proj's decoded weight [H, n + v, L]: W_UK = W[:, :n], W_UV = W[:, n:]
     q_lat = q_nope · W_UK [B,H,S,L];  scores = [q_lat, RoPE(q_rot)] · latent^T * scale  (= q_nope·k_nope + q_rot·k_rot)
     Where(causal & attention_mask) ─► Softmax ─► P ;  out = (P · latent[:L]) · W_UVᵀ [B,H,S,v] ─► o_proj
+    (an If per layer: above absorbed_max_tokens new tokens, i.e. prompts, K/V are materialised from the cached
+    latent for that call instead, k_nopeᵀ = W_UK · latent[:L]ᵀ, V = latent[:L] · W_UVᵀ: fewer multiply-adds there)
 The same products as the materialised form, reassociated: exact up to fp32 rounding for float, weight-only int and
 MXFP4 (weights + dynamic per-token activations) kv_b_proj. Output-side quantization of kv_b_proj (Quark's FP8 KV
 cache) acts on per-head k_nope/V that this form never computes: refused (builder/arch/deepseek_v3.py).
