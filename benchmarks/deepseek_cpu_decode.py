@@ -32,11 +32,14 @@ from synthetic_quark_export import linear_tensors  # noqa: E402
 VOCAB = 4096
 
 
-def write_export(out: Path, a, group: int = 32) -> None:
+MLA_SHAPE = (8, 96, 64, 32, 32, 32)  # heads, q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim
+
+
+def write_export(out: Path, a, group: int = 32, mla: tuple[int, ...] = MLA_SHAPE) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     bf16 = ml_dtypes.bfloat16
-    heads, q_lora, kv_lora, nope, rope, v = 8, 96, 64, 32, 32, 32
+    heads, q_lora, kv_lora, nope, rope, v = mla
     q = copy.deepcopy(QUANT_CONFIG)
     q["global_quant_config"]["weight"]["group_size"] = group
     q["exclude"] = ["lm_head", "*self_attn*", "*mlp.gate"]

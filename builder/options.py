@@ -93,6 +93,10 @@ def _has_moe(plan) -> bool:
     return hasattr(plan.hp, "num_experts")
 
 
+def _has_mla(plan) -> bool:
+    return hasattr(plan.hp, "kv_lora_rank")
+
+
 def _has_float_lm_head(plan) -> bool:
     lm_head = plan.linears.get("lm_head")
     return lm_head is not None and lm_head.spec is None
@@ -127,6 +131,9 @@ OPTIONS: dict[str, Option] = {
     "moe": Option(_choices_of(("builder.ops.moe", "MOE_FORMS")), _has_moe,
                   "MoE form: routed (QMoE where exact, else the standard-op routed form) | gather (the standard-op "
                   "routed form) | dense"),
+    "mla_cache": Option(_choices_of(("builder.ops.mla_attention", "MLA_CACHE_FORMS")), _has_mla,
+                        "DeepSeek MLA cache: materialized (per-head K/V in GroupQueryAttention) | latent (MLA's "
+                        "compressed latent, kv_b_proj absorbed; cpu/cuda)"),
     "moe_routed_tokens": Option(_positive_int, _has_moe,
                                 "standard-op routed MoE: most tokens per call that take the routed branch (default "
                                 "E/k; more tokens run every expert)"),

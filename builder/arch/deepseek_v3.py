@@ -2,7 +2,8 @@
 
 Per layer:
     x ─► RMSNorm ─► MLA (builder/ops/mla_attention.py: q/kv LoRA projections, decoupled RoPE part, materialised
-                    per-head K/V in GroupQueryAttention and its cache) ─► o_proj ─► +residual
+                    per-head K/V in GroupQueryAttention and its cache; mla_cache=latent: the compressed latent as
+                    the cache, kv_b_proj absorbed, explicit-op attention) ─► o_proj ─► +residual
       ─► RMSNorm ─► layers < first_k_dense_replace: SiLU MLP (mlp.gate/up/down_proj)
                     else: grouped sigmoid top-k routing (builder/ops/grouped_topk_router.py) over the routed
                     experts: one QMoE on CPU for 4-bit integer experts (builder/ops/grouped_qmoe.py), else routed in
@@ -21,14 +22,15 @@ transformers. The q_a/kv_a norms use eps 1e-6 whatever rms_norm_eps says (Deepse
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 from onnx import TensorProto
 
 from ..errors import ConversionError
 from ..ops.linear import emit_linear, emit_linears
-from ..ops.mla_attention import mla_attention, rope_values
+from ..ops.fp8_attention import shared_values
+from ..ops.mla_attention import RopeValues, latent_cache_width, mla_attention, mla_latent_attention, rope_values
 from ..ops.grouped_qmoe import routed_qmoe
 from ..ops.grouped_topk_router import grouped_topk_weights
 from ..ops.mlp import silu_mlp
@@ -228,8 +230,38 @@ def float_tensors(hp: DeepseekHyper) -> list[tuple[str, tuple[int, ...]]]:
 
 @dataclass(frozen=True)
 class MlaPlan:
-    """What build_graph needs besides the linears: the FP8 KV-cache scale of each layer (None: no quantizer)."""
+    """What build_graph needs besides the linears: the FP8 KV-cache scale of each layer (None: no quantizer) and the
+    cache form (--extra_options mla_cache: materialized | latent)."""
     kv_scales: tuple[float | None, ...]
+    cache_form: str = "materialized"
+
+
+LATENT_EPS = ("cpu", "cuda")  # mla_cache=latent: explicit standard ops; run on cpu, built (not run) for cuda
+LATENT_KV_B_SCHEMES = ("FloatLinear", "IntWeightOnly", "Mxfp4Linear")  # decoded exactly in numpy, input-side quant only
+
+
+def check_latent_cache(model_plan, kv_scales) -> None:
+    """mla_cache=latent applies only where absorbing kv_b_proj is exact (builder/ops/mla_attention.py)."""
+    hp, ep = model_plan.hp, model_plan.ep
+    field = "--extra_options mla_cache"
+    if ep.name not in LATENT_EPS:
+        raise ConversionError(f"mla_cache=latent is built for {', '.join(LATENT_EPS)} only (explicit-op attention "
+                              "not checked on this EP)", field=field, value="latent", accepted="materialized")
+    if any(s is not None for s in kv_scales):
+        raise ConversionError("mla_cache=latent: Quark's FP8 KV cache quantizes kv_b_proj's output (per-head k_nope "
+                              "and V), which the absorbed form never computes", field=field, value="latent",
+                              accepted="materialized (or kv_cache=off to drop the FP8 KV cache)")
+    if (hp.kv_lora_rank + hp.qk_rope_head_dim) % 2:
+        raise ConversionError("mla_cache=latent splits the latent over genai's key and value caches: "
+                              "kv_lora_rank + qk_rope_head_dim must be even", field=field, value="latent",
+                              accepted="materialized")
+    for i in range(hp.num_layers):
+        plan = model_plan.linears[f"{ATTN.format(i=i)}.kv_b_proj"]
+        if plan.scheme.__name__ not in LATENT_KV_B_SCHEMES or plan.has_bias:
+            what = "a bias" if plan.has_bias else f"scheme {plan.scheme.name}"
+            raise ConversionError(f"mla_cache=latent: kv_b_proj with {what} cannot be absorbed exactly",
+                                  layer=plan.name, field=field, value="latent",
+                                  accepted=f"materialized (latent: kv_b_proj float, int weight-only or MXFP4)")
 
 
 def plan_attention(model_plan, ckpt) -> MlaPlan:
@@ -271,7 +303,16 @@ def plan_attention(model_plan, ckpt) -> MlaPlan:
             notes.append("FP8 KV cache emulated: kv_b_proj's output (k_nope and V of every head) is "
                          "quantize-dequantized with kv_b_proj.output_scale; the cache holds those values in the io "
                          "dtype")
-    return MlaPlan(tuple(out))
+    form = model_plan.options.extra.get("mla_cache", "materialized")
+    if form == "latent":
+        check_latent_cache(model_plan, out)
+        width = latent_cache_width(hp)
+        model_plan.decoder_extras.update(head_size=width, num_key_value_heads=1)
+        model_plan.search_extras["past_present_share_buffer"] = False
+        notes.append(f"mla_cache=latent: the cache is MLA's latent (kv_a_layernorm(c) and the roped k_rot, "
+                     f"{2 * width} values per token and layer as key/value [B, 1, T, {width}]); kv_b_proj absorbed "
+                     "into the query and output sides; genai past_present_share_buffer=false")
+    return MlaPlan(tuple(out), form)
 
 
 def rope_caches(hp: DeepseekHyper, config_file: str) -> tuple[np.ndarray, np.ndarray]:
@@ -283,16 +324,25 @@ def build_graph(ctx, hp: DeepseekHyper, plans: dict, attention: MlaPlan) -> None
     g = ctx.graph
     io_values = llama.decoder_inputs(ctx, None)
     cos, sin = rope_caches(hp, str(ctx.source))
-    rv = rope_values(ctx, g.initializer("cos_cache", cos.astype(ctx.io_np)),
-                     g.initializer("sin_cache", sin.astype(ctx.io_np)))
+    cos, sin = g.initializer("cos_cache", cos.astype(ctx.io_np)), g.initializer("sin_cache", sin.astype(ctx.io_np))
+    latent = attention.cache_form == "latent"
+    if latent:  # positions and the causal/padding mask of the explicit-op attention
+        sa = shared_values(ctx, _Caches(cos, sin), hp, prefix="/model/mla_rope")
+        rv, cache_hp = RopeValues(sa.cos, sa.sin), replace(hp, num_kv_heads=1, head_dim=latent_cache_width(hp))
+    else:
+        rv = rope_values(ctx, cos, sin)
 
     residual = ctx.embedding(io_values.input_ids)
     x = rms_norm(ctx, residual, "model.layers.0.input_layernorm.weight", hp.rms_norm_eps,
                  "/model/layers.0/input_layernorm/SimplifiedLayerNorm")
     for i in range(hp.num_layers):
         pre = f"model.layers.{i}"
-        attn_out = mla_attention(ctx, i, x, plans, hp, rv, io_values.seqlens_k, io_values.total_seq_len,
-                                 io_values.layer_cache(ctx, i, hp), attention.kv_scales[i])
+        if latent:
+            attn_out = mla_latent_attention(ctx, i, x, plans, hp, rv, sa.allowed,
+                                            io_values.layer_cache(ctx, i, cache_hp))
+        else:
+            attn_out = mla_attention(ctx, i, x, plans, hp, rv, io_values.seqlens_k, io_values.total_seq_len,
+                                     io_values.layer_cache(ctx, i, hp), attention.kv_scales[i])
         x, residual = skip_rms_norm(ctx, attn_out, residual, f"{pre}.post_attention_layernorm.weight",
                                     hp.rms_norm_eps, f"/model/layers.{i}/post_attention_layernorm/SkipLayerNorm")
         mlp_out = moe_block(ctx, i, x, plans, hp) if hp.is_moe(i) else llama.llama_mlp(ctx, i, x, plans, hp)
@@ -301,6 +351,12 @@ def build_graph(ctx, hp: DeepseekHyper, plans: dict, attention: MlaPlan) -> None
         norm_name = "/model/norm/SkipLayerNorm" if last else f"/model/layers.{i + 1}/input_layernorm/SkipLayerNorm"
         x, residual = skip_rms_norm(ctx, mlp_out, residual, norm_w, hp.rms_norm_eps, norm_name)
     llama.logits_output(ctx, hp, emit_linear(ctx, plans["lm_head"], llama.lm_head_input(ctx, x)))
+
+
+@dataclass(frozen=True)
+class _Caches:  # what shared_values reads: the cos/sin initializers
+    cos_cache: str
+    sin_cache: str
 
 
 def moe_block(ctx, i: int, x: str, plans: dict, hp: DeepseekHyper) -> str:
