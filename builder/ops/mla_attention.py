@@ -96,6 +96,21 @@ def _pad_last(ctx, x4: str, extra: int, name: str) -> str:
     return g.op("Pad", [x4, pads], f"{name}/Pad", mode="constant")
 
 
+def _query_heads(ctx, plans: dict, hp, x: str, pre: str, p: str) -> tuple[str, str]:
+    """q_proj (or q_a_proj -> q_a_layernorm -> q_b_proj) of x, split per head into (q_nope, q_rot) [B, S, H, *]."""
+    g = ctx.graph
+    if hp.q_lora_rank is None:
+        q = emit_linear(ctx, plans[f"{pre}.q_proj"], x)
+    else:
+        q_a = emit_linear(ctx, plans[f"{pre}.q_a_proj"], x)
+        q_a = rms_norm(ctx, q_a, f"{pre}.q_a_layernorm.weight", hp.mla_norm_eps,
+                       f"{p}/q_a_layernorm/SimplifiedLayerNorm")
+        q = emit_linear(ctx, plans[f"{pre}.q_b_proj"], q_a)
+    n, r = hp.qk_nope_head_dim, hp.qk_rope_head_dim
+    q4 = g.op("Reshape", [q, g.const_i64(f"{p}/q_shape", [0, 0, hp.num_heads, n + r])], f"{p}/q_reshape")
+    return tuple(g.node("Split", [q4, g.const_i64(f"{p}/q_split", [n, r])], f"{p}/q_split", outputs=2, axis=-1))
+
+
 def mla_attention(ctx, i: int, x: str, plans: dict, hp, rv: RopeValues, seqlens_k: str, total_seq_len: str,
                   cache: tuple[str, str, str, str], kv_scale: float | None) -> str:
     """One layer's MLA block from the normed hidden state x [B,S,hidden] to o_proj's output."""
@@ -104,15 +119,7 @@ def mla_attention(ctx, i: int, x: str, plans: dict, hp, rv: RopeValues, seqlens_
     h, n, r, v = hp.num_heads, hp.qk_nope_head_dim, hp.qk_rope_head_dim, hp.v_head_dim
     qk, d = n + r, hp.head_dim
 
-    if hp.q_lora_rank is None:
-        q = emit_linear(ctx, plans[f"{pre}.q_proj"], x)
-    else:
-        q_a = emit_linear(ctx, plans[f"{pre}.q_a_proj"], x)
-        q_a = rms_norm(ctx, q_a, f"{pre}.q_a_layernorm.weight", hp.mla_norm_eps,
-                       f"{p}/q_a_layernorm/SimplifiedLayerNorm")
-        q = emit_linear(ctx, plans[f"{pre}.q_b_proj"], q_a)
-    q4 = g.op("Reshape", [q, g.const_i64(f"{p}/q_shape", [0, 0, h, qk])], f"{p}/q_reshape")
-    q_nope, q_rot = g.node("Split", [q4, g.const_i64(f"{p}/q_split", [n, r])], f"{p}/q_split", outputs=2, axis=-1)
+    q_nope, q_rot = _query_heads(ctx, plans, hp, x, pre, p)
 
     ckv = emit_linear(ctx, plans[f"{pre}.kv_a_proj_with_mqa"], x)
     c, k_rot = g.node("Split", [ckv, g.const_i64(f"{p}/kv_a_split", [hp.kv_lora_rank, r])], f"{p}/kv_a_split",
@@ -190,7 +197,7 @@ def absorbed_max_tokens(hp) -> int:
     """Most new tokens per call for which the absorbed attention costs fewer multiply-adds than materialising K/V
     from the latent: per layer and key position, absorbed H·S·(2L + r) against materialised H·(L·(n + v) +
     S·(n + r + v)), so S < L·(n + v) / (2L − n − v) (170 at DeepSeek-V3's shape); decode (S = 1) is always absorbed."""
-    lat, n, r, v = hp.kv_lora_rank, hp.qk_nope_head_dim, hp.qk_rope_head_dim, hp.v_head_dim
+    lat, n, v = hp.kv_lora_rank, hp.qk_nope_head_dim, hp.v_head_dim
     denominator = 2 * lat - n - v
     return max(1, (lat * (n + v)) // denominator) if denominator > 0 else 1 << 62
 
@@ -206,21 +213,13 @@ def mla_latent_attention(ctx, i: int, x: str, plans: dict, hp, rv: RopeValues, a
     (causal and not padding, builder/ops/fp8_attention.shared_values)."""
     g = ctx.graph
     pre, p = f"model.layers.{i}.self_attn", f"/model/layers.{i}/attn"
-    h, n, r, lat = hp.num_heads, hp.qk_nope_head_dim, hp.qk_rope_head_dim, hp.kv_lora_rank
+    h, r, lat = hp.num_heads, hp.qk_rope_head_dim, hp.kv_lora_rank
     half = latent_cache_width(hp)
 
     def c64(name, values):
         return g.const_i64(f"{p}/{name}", values)
 
-    if hp.q_lora_rank is None:
-        q = emit_linear(ctx, plans[f"{pre}.q_proj"], x)
-    else:
-        q_a = emit_linear(ctx, plans[f"{pre}.q_a_proj"], x)
-        q_a = rms_norm(ctx, q_a, f"{pre}.q_a_layernorm.weight", hp.mla_norm_eps,
-                       f"{p}/q_a_layernorm/SimplifiedLayerNorm")
-        q = emit_linear(ctx, plans[f"{pre}.q_b_proj"], q_a)
-    q4 = g.op("Reshape", [q, c64("q_shape", [0, 0, h, n + r])], f"{p}/q_reshape")
-    q_nope, q_rot = g.node("Split", [q4, c64("q_split", [n, r])], f"{p}/q_split", outputs=2, axis=-1)
+    q_nope, q_rot = _query_heads(ctx, plans, hp, x, pre, p)
     q_rot = _rotate(ctx, q_rot, rv, r, hp.rope_interleave, f"{p}/q_rotary")
 
     ckv = emit_linear(ctx, plans[f"{pre}.kv_a_proj_with_mqa"], x)
