@@ -275,7 +275,7 @@ def choose_isa_fixed_attention(model_plan, ckpt):
     model_plan.notes.append(
         f"attention on {model_plan.ep.name}: explicit MatMul subgraph with a fixed-order softmax (ReduceMax, Exp, "
         "ReduceSum, Div) instead of GroupQueryAttention, whose softmax sums in an ISA-dependent order; the logits "
-        "are the same on every x86 CPU (attention=fused for GroupQueryAttention); genai past_present_share_buffer="
+        "are the same on AVX2 and AVX-512 CPUs (attention=fused for GroupQueryAttention); genai past_present_share_buffer="
         "false")
     model_plan.search_extras["past_present_share_buffer"] = False
     return _explicit_fp8([LayerScales()] * model_plan.hp.num_layers, fixed_softmax=True)

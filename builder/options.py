@@ -116,7 +116,7 @@ OPTIONS: dict[str, Option] = {
     "attention": Option(_choices_of(("builder.attention_variants", "ATTENTION_FORMS")), _has_standard_attention,
                         "attention form: auto (CPU with INT8 or per-token FP8 activations: explicit, else fused) | "
                         "fused (GroupQueryAttention) | explicit (MatMul subgraph with a fixed-order softmax: the same "
-                        "logits on every x86 CPU)"),
+                        "logits on AVX2 and AVX-512 CPUs)"),
     "mx_activations": Option(_choices_of(("builder.quant.mxfp4", "MX_ACTIVATION_OPTIONS")), _has_fp4,
                              "MXFP4/NVFP4 dynamic activation quantization: emulate|skip"),
     "fp8_linear": Option(_choices_of(("builder.quant.fp8_w8a8", "FP8_LINEAR_FORMS")),

@@ -96,7 +96,7 @@ def _rope(ctx, x4: str, sa: SharedAttention, half: int, name: str) -> str:
 
 
 def softmax_fixed_order(ctx, scores: str, p: str) -> str:
-    """Softmax over the last axis as ReduceMax, Sub, Exp, ReduceSum, Div: the same result on every x86 CPU.
+    """Softmax over the last axis as ReduceMax, Sub, Exp, ReduceSum, Div: the same result on AVX2 and AVX-512 CPUs.
 
     ORT's Softmax (and GroupQueryAttention's softmax) is MLAS's MlasComputeSoftmax, whose sum of the exponentials
     accumulates in 16 lanes with AVX-512F and 8 with AVX2: rows longer than 16 sum in another order (measured:
