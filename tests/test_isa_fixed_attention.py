@@ -57,8 +57,9 @@ def test_cpu_default_has_no_isa_dependent_attention(exports, recipe, tmp_path):
 
 @pytest.mark.parametrize("recipe", ["int8_w8a8", "ptpc_fp8"])
 def test_fused_option_keeps_gqa_and_agrees(exports, recipe, tmp_path):
-    """attention=fused: GroupQueryAttention again; the two forms agree to float roundoff on a short prompt (the
-    Q/DQ can flip a code on one of them, so the bound is a quantization step's worth, not an ulp)."""
+    """attention=fused: GroupQueryAttention again; the two forms agree to float roundoff on a short prompt. Measured
+    max |logit diff| (llama_h64, 20 tokens, Zen 5): 0 (INT8), 7e-7 (PTPC); the bound leaves room for one activation
+    code that the fused form's CPU-dependent softmax flips on another CPU (|logits| up to 2.6)."""
     src = exports[recipe] / "quark"
     convert(src, tmp_path / "fixed", "cpu", log=lambda m: None)
     convert(src, tmp_path / "fused", "cpu", options=BuildOptions(extra={"attention": "fused"}, given=("attention",)),
@@ -66,7 +67,7 @@ def test_fused_option_keeps_gqa_and_agrees(exports, recipe, tmp_path):
     assert "GroupQueryAttention" in op_types(tmp_path / "fused")
     ids = np.array([[1, 17, 42, 99, 7, 250, 3, 64, 11, 5, 80, 33, 21, 9, 120, 48, 2, 77, 15, 6]], np.int64)
     a, b = prompt_logits(tmp_path / "fixed", ids), prompt_logits(tmp_path / "fused", ids)
-    assert np.abs(a - b).max() < 0.05 * np.abs(b).max(), np.abs(a - b).max()
+    assert np.abs(a - b).max() < 0.02, np.abs(a - b).max()
 
 
 def test_static_fp8_keeps_gqa_unless_asked(exports, tmp_path):
