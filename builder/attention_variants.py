@@ -12,7 +12,13 @@
 - FP8 attention (q_proj.output_scale and/or self_attn.prob_output_scale): explicit MatMul/Softmax subgraph with QDQ
   (builder/ops/fp8_attention.py), chosen automatically; `fp8_attention=off` keeps fused GQA and ignores those scales
   (with a note), still emulating the FP8 KV cache.
-Options (BuildOptions): kv_cache auto|emulate|off|native, fp8_attention auto|off.
+- ISA-fixed attention (`attention=explicit`; the CPU default for INT8 and dynamic per-token FP8 activations): the
+  same explicit subgraph without Q/DQ, its softmax as ReduceMax/Sub/Exp/ReduceSum/Div (ops/fp8_attention.py,
+  softmax_fixed_order). GroupQueryAttention's softmax sums in MLAS's ISA-dependent order (16 lanes on AVX-512, 8 on
+  AVX2), and an INT8 or per-token FP8 activation quantizer after it turns those ulps into other codes: on
+  SmolLM2-135M the logits differed by 9.25 (INT8) and 2.72 (PTPC) between AVX-512 and AVX2 (issue 21,
+  docs/real_model_numerics.md). `attention=fused` keeps GroupQueryAttention.
+Options (BuildOptions): kv_cache auto|emulate|off|native, fp8_attention auto|off, attention auto|fused|explicit.
 """
 from __future__ import annotations
 
@@ -140,7 +146,7 @@ def _native_kv_gqa(default_attention, scales: list[LayerScales]):
     return attention
 
 
-def _explicit_fp8(scales: list[LayerScales], head_norms=None):
+def _explicit_fp8(scales: list[LayerScales], head_norms=None, fixed_softmax: bool = False):
     """head_norms(ctx, i, q, k, hp) -> (q, k): a family's per-head q/k norm (Qwen3), applied like Quark between the
     q/k_proj output quantizers and RoPE: QDQ(q), QDQ(k) here, then the norms, then fp8_attention without q/k scales."""
     cache: dict[int, object] = {}
@@ -159,7 +165,8 @@ def _explicit_fp8(scales: list[LayerScales], head_norms=None):
                 k = qdq_static(ctx, k, s.k, "fp8_e4m3", f"{p}/k_quant")
             q, k = head_norms(ctx, i, q, k, hp)
             s = LayerScales(v=s.v, prob=s.prob)
-        return fp8_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, cache[key], hp, s)
+        return fp8_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, cache[key], hp, s,
+                             fixed_softmax=fixed_softmax)
     attention.explicit_fp8 = True  # families without the explicit subgraph's features refuse it
     return attention
 
@@ -217,3 +224,58 @@ def choose_quantized_attention(model_plan, ckpt):
                      f"dtype); {native}")
         return _emulated_kv_gqa(model_plan.family.default_attention, scales)
     return None
+
+
+ATTENTION_FORMS = ("auto", "fused", "explicit")  # --extra_options attention
+
+
+def isa_sensitive_activations(model_plan) -> bool:
+    """Some linear quantizes its input to INT8 (static) or to per-token dynamic FP8: the activation quantizers that
+    turned GroupQueryAttention's ISA-dependent ulps into different logits on SmolLM2-135M (issue 21)."""
+    for lp in model_plan.linears.values():
+        spec = lp.spec
+        if spec is None or not spec.input_tensors:
+            continue
+        a = spec.input_tensors[0]
+        if a.dtype in ("int8", "uint8") or (a.dtype.startswith("fp8") and a.is_dynamic and a.qscheme == "per_channel"):
+            return True
+    return False
+
+
+def explicit_attention_supported(model_plan) -> str | None:
+    """None when the explicit subgraph can replace the family's fused attention, else why not."""
+    from .arch import llama
+    hp = model_plan.hp
+    if model_plan.family.default_attention is not llama.default_attention:
+        return f"{getattr(model_plan.family, '__name__', 'this family').rsplit('.', 1)[-1]} has its own attention"
+    if not hp.uniform_window:
+        return "a mix of sliding-window and full-attention layers"
+    if hp.partial_rotary_factor != 1.0:
+        return "partial rotary"
+    return None
+
+
+@register_chooser
+def choose_isa_fixed_attention(model_plan, ckpt):
+    """attention=explicit (CPU default where isa_sensitive_activations): the explicit subgraph with the fixed-order
+    softmax; registered after choose_quantized_attention, so FP8 KV / attention checkpoints keep their forms."""
+    form = model_plan.options.extra.get("attention", "auto")
+    if form not in ATTENTION_FORMS:
+        raise ConversionError("unknown attention value", field="--extra_options attention", value=form,
+                              accepted=", ".join(ATTENTION_FORMS))
+    if form == "fused" or (form == "auto" and not (model_plan.ep.name == "cpu"
+                                                    and isa_sensitive_activations(model_plan))):
+        return None
+    why_not = explicit_attention_supported(model_plan)
+    if why_not is not None:
+        if form == "explicit":
+            raise ConversionError(f"attention=explicit is not supported here ({why_not})",
+                                  field="--extra_options attention", value=form, accepted="auto, fused")
+        return None
+    model_plan.notes.append(
+        f"attention on {model_plan.ep.name}: explicit MatMul subgraph with a fixed-order softmax (ReduceMax, Exp, "
+        "ReduceSum, Div) instead of GroupQueryAttention, whose softmax sums in an ISA-dependent order; the logits "
+        "are the same on AVX2 and AVX-512 CPUs (attention=fused for GroupQueryAttention); genai past_present_share_buffer="
+        "false")
+    model_plan.search_extras["past_present_share_buffer"] = False
+    return _explicit_fp8([LayerScales()] * model_plan.hp.num_layers, fixed_softmax=True)

@@ -80,6 +80,11 @@ def _has_fp8_attention(plan) -> bool:
         for name, lp in plan.linears.items())
 
 
+def _has_standard_attention(plan) -> bool:
+    from .attention_variants import explicit_attention_supported
+    return explicit_attention_supported(plan) is None
+
+
 def _has_int4(plan) -> bool:
     return any(lp.scheme.__name__ == "IntWeightOnly" and lp.spec.weight[0].dtype in ("int4", "uint4")
                for lp in plan.linears.values())
@@ -112,6 +117,10 @@ OPTIONS: dict[str, Option] = {
     "kv_cache": Option(choice("auto", "emulate", "off", "native"), _has_kv,
                        "FP8 KV cache (k_proj/v_proj.output_scale): auto|emulate|off|native"),
     "fp8_attention": Option(choice("auto", "off"), _has_fp8_attention, "FP8 attention subgraph: auto|off"),
+    "attention": Option(_choices_of(("builder.attention_variants", "ATTENTION_FORMS")), _has_standard_attention,
+                        "attention form: auto (CPU with INT8 or per-token FP8 activations: explicit, else fused) | "
+                        "fused (GroupQueryAttention) | explicit (MatMul subgraph with a fixed-order softmax: the same "
+                        "logits on AVX2 and AVX-512 CPUs)"),
     "mx_activations": Option(_choices_of(("builder.quant.mxfp4", "MX_ACTIVATION_OPTIONS")), _has_fp4,
                              "MXFP4/NVFP4 dynamic activation quantization: emulate|skip"),
     "fp8_linear": Option(_choices_of(("builder.quant.fp8_w8a8", "FP8_LINEAR_FORMS")),

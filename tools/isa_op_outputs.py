@@ -54,6 +54,23 @@ def cases():
                               [("x", logits.shape, None)], ["y"], opset=17), {"x": logits}
     yield "Div", _model([h.make_node("Div", ["x", "d"], ["y"])], [("x", big.shape, None), ("d", (), None)], ["y"]), \
         {"x": big, "d": np.array(0.0123, np.float32)}
+    # the explicit attention's pieces at prefill shapes (builder/ops/fp8_attention.py, softmax_fixed_order)
+    scores = (rng.standard_normal((1, H, 96, 96)) * 6).astype(np.float32)
+    scores[..., np.triu_indices(96, 1)[0], np.triu_indices(96, 1)[1]] = np.finfo(np.float32).min
+    ax = h.make_tensor("ax", TP.INT64, [1], [-1])
+    yield "SoftmaxExplicit", _model(
+        [h.make_node("Constant", [], ["ax"], value=ax), h.make_node("ReduceMax", ["x", "ax"], ["m"], keepdims=1), h.make_node("Sub", ["x", "m"], ["d"]),
+         h.make_node("Exp", ["d"], ["e"]), h.make_node("ReduceSum", ["e", "ax"], ["s"], keepdims=1),
+         h.make_node("Div", ["e", "s"], ["y"])], [("x", scores.shape, None)], ["y"], opset=21), {"x": scores}
+    yield "Softmax96", _model([h.make_node("Softmax", ["x"], ["y"], axis=-1)], [("x", scores.shape, None)], ["y"]), \
+        {"x": scores}
+    qg = rng.standard_normal((1, HKV, 3 * 96, D)).astype(np.float32)
+    kt = rng.standard_normal((1, HKV, D, 96)).astype(np.float32)
+    pg = rng.random((1, HKV, 3 * 96, 96)).astype(np.float32)
+    vv = rng.standard_normal((1, HKV, 96, D)).astype(np.float32)
+    for name, (l, r) in (("MatMulQK", (qg, kt)), ("MatMulPV", (pg, vv))):
+        yield name, _model([h.make_node("MatMul", ["a", "b"], ["y"])], [("a", l.shape, None), ("b", r.shape, None)],
+                           ["y"]), {"a": l, "b": r}
     for name, do_rotary in (("GroupQueryAttention", 0),):
         nodes = [h.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "sl", "tl"], ["y", "ok", "ov"],
                              domain="com.microsoft", num_heads=H, kv_num_heads=HKV, do_rotary=do_rotary)]

@@ -95,10 +95,27 @@ def _rope(ctx, x4: str, sa: SharedAttention, half: int, name: str) -> str:
     return g.op("Concat", [o1, o2], f"{name}/Concat", axis=-1)
 
 
+def softmax_fixed_order(ctx, scores: str, p: str) -> str:
+    """Softmax over the last axis as ReduceMax, Sub, Exp, ReduceSum, Div: the same result on AVX2 and AVX-512 CPUs.
+
+    ORT's Softmax (and GroupQueryAttention's softmax) is MLAS's MlasComputeSoftmax, whose sum of the exponentials
+    accumulates in 16 lanes with AVX-512F and 8 with AVX2: rows longer than 16 sum in another order (measured:
+    tools/isa_op_outputs.py, Softmax96 and GroupQueryAttention differ by up to 4 ulp between native AVX-512 and
+    QEMU Haswell). Its ReduceMax, Exp, ReduceSum and Div are identical there (the same tool, SoftmaxExplicit), so
+    this form is (issue 21; docs/real_model_numerics.md)."""
+    g = ctx.graph
+    axes = g.const_i64(f"{p}/softmax/axes", [-1])
+    top = g.op("ReduceMax", [scores, axes], f"{p}/softmax/ReduceMax", keepdims=1)
+    e = g.op("Exp", [g.op("Sub", [scores, top], f"{p}/softmax/Sub")], f"{p}/softmax/Exp")
+    total = g.op("ReduceSum", [e, axes], f"{p}/softmax/ReduceSum", keepdims=1)
+    return g.op("Div", [e, total], f"{p}/softmax/Div")
+
+
 def fp8_attention(ctx, i: int, q: str, k: str, v: str, past_k: str, past_v: str, present_k: str, present_v: str,
-                  sa: SharedAttention, hp, scales: LayerScales, sinks: str | None = None) -> str:
+                  sa: SharedAttention, hp, scales: LayerScales, sinks: str | None = None,
+                  fixed_softmax: bool = False) -> str:
     """sinks: [H] attention-sink logits (gpt-oss; builder/ops/sink_attention.py), appended to every score row
-    before the softmax and dropped after it."""
+    before the softmax and dropped after it. fixed_softmax: softmax_fixed_order instead of ORT's Softmax."""
     g = ctx.graph
     p = f"/model/layers.{i}/attn"
     h, hkv, d = hp.num_heads, hp.num_kv_heads, hp.head_dim
@@ -136,6 +153,8 @@ def fp8_attention(ctx, i: int, q: str, k: str, v: str, past_k: str, past_v: str,
         from .sink_attention import append_sink_column, drop_sink_column
         probs = drop_sink_column(ctx, g.op("Softmax", [append_sink_column(ctx, scores, sinks, h, p)],
                                            f"{p}/Softmax", axis=-1), p)
+    elif fixed_softmax:
+        probs = softmax_fixed_order(ctx, scores, p)
     else:
         probs = g.op("Softmax", [scores], f"{p}/Softmax", axis=-1)
     values = present_v

@@ -1,0 +1,84 @@
+"""The CPU default attention for INT8 and per-token FP8 (PTPC) activations: an explicit MatMul subgraph whose softmax
+is ReduceMax/Sub/Exp/ReduceSum/Div, not GroupQueryAttention (issue 21).
+
+Why: GroupQueryAttention's softmax (MLAS MlasComputeSoftmax) sums the exponentials in 16 lanes on AVX-512 and 8 on
+AVX2, so rows longer than 16 keys differ by a few ulp between CPUs (tools/isa_op_outputs.py, native AVX-512 vs
+QEMU Haswell); an INT8 or per-token FP8 activation quantizer after the attention turned those ulps into other codes,
+and the real SmolLM2-135M logits differed by 9.25 (INT8) and 2.72 (PTPC) between the two (tools/isa_op_diff.py found
+GroupQueryAttention as the first differing node; docs/real_model_numerics.md). These tests hold the graph to the
+form measured bit-identical; the numerics against Quark's emulation stay in test_int8_w8a8.py / test_fp8_w8a8.py.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx_helpers import op_types, prompt_logits
+
+from builder.convert import convert
+from builder.emit_context import BuildOptions
+from builder.errors import ConversionError
+
+QUARK_EXPORTS = [("llama_h64", r) for r in ("int8_w8a8", "ptpc_fp8", "fp8_w8a8_kv")]
+ISA_DEPENDENT = ("GroupQueryAttention", "Softmax")  # ORT CPU ops whose softmax sum order depends on the ISA
+
+
+@pytest.fixture(scope="module")
+def exports(quark_exports):
+    return dict(zip(("int8_w8a8", "ptpc_fp8", "fp8_w8a8_kv"), quark_exports.many(QUARK_EXPORTS)))
+
+
+def _optimized_ops(model_dir, tmp_path) -> set[str]:
+    """Op types of the graph ORT CPU runs after its optimizer (no fusion back into an attention op)."""
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    lib = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]["session_options"].get(
+        "custom_ops_library")
+    if lib:
+        so.register_custom_ops_library(str(model_dir / lib))
+    ort.InferenceSession(str(model_dir / "model.onnx"), so, providers=["CPUExecutionProvider"])
+    return {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node}
+
+
+@pytest.mark.parametrize("recipe", ["int8_w8a8", "ptpc_fp8"])
+def test_cpu_default_has_no_isa_dependent_attention(exports, recipe, tmp_path):
+    out = tmp_path / "cpu"
+    plan = convert(exports[recipe] / "quark", out, "cpu", log=lambda m: None)
+    ops = op_types(out)
+    assert not set(ops) & set(ISA_DEPENDENT), sorted(ops)
+    assert ops["ReduceSum"] >= 2 and ops["Exp"] == 2 and ops["MatMul"] >= 4  # 2 layers: QK, PV
+    assert not _optimized_ops(out, tmp_path) & set(ISA_DEPENDENT)
+    assert json.loads((out / "genai_config.json").read_text())["search"]["past_present_share_buffer"] is False
+    assert any("fixed-order softmax" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("recipe", ["int8_w8a8", "ptpc_fp8"])
+def test_fused_option_keeps_gqa_and_agrees(exports, recipe, tmp_path):
+    """attention=fused: GroupQueryAttention again; the two forms agree to float roundoff on a short prompt. Measured
+    max |logit diff| (llama_h64, 20 tokens, Zen 5): 0 (INT8), 7e-7 (PTPC); the bound leaves room for one activation
+    code that the fused form's CPU-dependent softmax flips on another CPU (|logits| up to 2.6)."""
+    src = exports[recipe] / "quark"
+    convert(src, tmp_path / "fixed", "cpu", log=lambda m: None)
+    convert(src, tmp_path / "fused", "cpu", options=BuildOptions(extra={"attention": "fused"}, given=("attention",)),
+            log=lambda m: None)
+    assert "GroupQueryAttention" in op_types(tmp_path / "fused")
+    ids = np.array([[1, 17, 42, 99, 7, 250, 3, 64, 11, 5, 80, 33, 21, 9, 120, 48, 2, 77, 15, 6]], np.int64)
+    a, b = prompt_logits(tmp_path / "fixed", ids), prompt_logits(tmp_path / "fused", ids)
+    assert np.abs(a - b).max() < 0.02, np.abs(a - b).max()
+
+
+def test_static_fp8_keeps_gqa_unless_asked(exports, tmp_path):
+    """auto changes INT8 / per-token FP8 graphs only: static FP8 + KV keeps GroupQueryAttention (its coarse fp8
+    activation codes absorbed the softmax's ulps: bit-identical across ISAs on SmolLM2-135M)."""
+    src = exports["fp8_w8a8_kv"] / "quark"
+    convert(src, tmp_path / "auto", "cpu", log=lambda m: None)
+    assert "GroupQueryAttention" in op_types(tmp_path / "auto")
+
+
+def test_unknown_attention_value_refused(exports, tmp_path):
+    with pytest.raises(ConversionError, match="attention"):
+        convert(exports["int8_w8a8"] / "quark", tmp_path / "o", "cpu",
+                options=BuildOptions(extra={"attention": "sdpa"}, given=("attention",)), log=lambda m: None)
