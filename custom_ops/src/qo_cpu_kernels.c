@@ -327,8 +327,8 @@ QO_INLINE void avx_gemv_tile(const int fmt, const int mr, const int nr, qo_job* 
   }
   int64_t k = 0;
   for (; k + 32 <= K8; k += 32) {
-    for (int r = 0; r < nr && QO_GEMV_PF; ++r)
-      _mm_prefetch((const char*)rows[r] + qo_row_offset(fmt, k) + QO_GEMV_PF, _MM_HINT_T0);
+    if (QO_GEMV_PF && (qo_row_offset(fmt, k) & 63) == 0)
+      for (int r = 0; r < nr; ++r) _mm_prefetch((const char*)rows[r] + qo_row_offset(fmt, k) + QO_GEMV_PF, _MM_HINT_T0);
     for (int r = 0; r < nr; ++r) {
       __m256 wv[4];
       avx_dec32(fmt, w, rows[r], srows[r], k, wv);
@@ -637,8 +637,8 @@ QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* 
     __m512 x[4][4];
     for (int i = 0; i < mr; ++i)
       for (int s = 0; s < 4; ++s) x[i][s] = _mm512_broadcast_f32x8(_mm256_loadu_ps(A + i * K + k + 8 * s));
-    for (int r = 0; r < 2 * np && QO_GEMV_PF; ++r) /* the hardware prefetcher alone keeps fewer lines in flight */
-      _mm_prefetch((const char*)rows[r] + qo_row_offset(fmt, k) + QO_GEMV_PF, _MM_HINT_T0);
+    if (QO_GEMV_PF && (qo_row_offset(fmt, k) & 63) == 0) /* one prefetch per 64 bytes of each row */
+      for (int r = 0; r < 2 * np; ++r) _mm_prefetch((const char*)rows[r] + qo_row_offset(fmt, k) + QO_GEMV_PF, _MM_HINT_T0);
     for (int p = 0; p < np; ++p) {
       __m512 wv[4];
       if (vbmi && (fmt == QO_W_FP8 || fmt == QO_W_INT8))
