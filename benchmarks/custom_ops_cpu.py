@@ -66,8 +66,8 @@ float qo_bench_sum(const float* p, size_t n, int threads) {
 """
 
 
-def memory_read_gbs(mib: int = 256, tries: int = 10) -> dict[str, float]:
-    """Plain read bandwidth (GB/s) of a `mib` MiB float32 buffer (8x the L3) with 1 and 2 threads, best of `tries`."""
+def read_loop():
+    """The plain read loop (_READ_LOOP) built into the temp folder: fn(pointer, float count, threads)."""
     folder = Path(tempfile.gettempdir()) / f"qo_bench_{os.getuid()}"
     folder.mkdir(exist_ok=True)
     src, lib = folder / "read.c", folder / "libread.so"
@@ -76,6 +76,12 @@ def memory_read_gbs(mib: int = 256, tries: int = 10) -> dict[str, float]:
                    check=True)
     fn = ctypes.CDLL(str(lib)).qo_bench_sum
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_float
+    return fn
+
+
+def memory_read_gbs(mib: int = 256, tries: int = 10) -> dict[str, float]:
+    """Plain read bandwidth (GB/s) of a `mib` MiB float32 buffer (8x the L3) with 1 and 2 threads, best of `tries`."""
+    fn = read_loop()
     buf = np.ones(mib * 2**18, np.float32)
     out = {}
     for threads in (1, 2):

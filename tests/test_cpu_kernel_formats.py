@@ -175,6 +175,20 @@ def test_nan_and_special_codes(path):
         assert np.array_equal(native.matmul_fp8(a, codes, np.float32(1)), y, equal_nan=True), p
         assert np.array_equal(native.matmul_fp8(a6, codes, np.float32(1))[:3], y, equal_nan=True), p
     path(None)
+    # the same NaN bits (+qNaN) on every path, the NaN codes inside the GEMV's 32-element steps (the AVX512_VBMI
+    # byte-table decode ORs the sign into byte 3 and must not make 0xFF a -qNaN), a step with a subnormal among
+    # normal codes (the AVX-512 integer route's fallback) and one with only normal codes
+    c2 = rng.integers(8, 0x7F, (4, 96), dtype=np.uint8) | (rng.integers(0, 2, (4, 96)) << 7).astype(np.uint8)
+    c2[1, 40], c2[2, 3], c2[3, 70] = 0xFF, 0x7F, 0x81
+    a1 = rng.standard_normal((1, 96)).astype(np.float32)
+    bits = native.matmul_fp8(a1, c2, np.float32(1)).view(np.uint32)
+    assert bits[0, 1] == bits[0, 2] == 0x7FC00000
+    for p in PATHS:
+        path(p)
+        assert np.array_equal(native.matmul_fp8(a1, c2, np.float32(1)).view(np.uint32), bits), p
+    path(None)
+    w2 = e4m3fn_values(c2)
+    assert rel_error(native.matmul_fp8(a1, c2, np.float32(1))[:, [0, 3]], a1, w2[[0, 3]]) <= REL_FP32
     w = e4m3fn_values(codes)
     ok = [i for i in range(n) if i not in (1, 2)]
     assert rel_error(y[:, ok], a, w[ok]) <= REL_FP32

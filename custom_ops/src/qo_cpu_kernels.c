@@ -14,13 +14,17 @@
  * 8-lane accumulators of two outputs (two weight rows at decode, two activation rows at prefill), so each lane's
  * order is unchanged; all end in the same fold. The path is picked at run time (qo_cpu_isa(), qo_cpu_simd.h:
  * __builtin_cpu_supports, QO_CPU_KERNELS=portable|avx2|avx512 to force a narrower one; tests compare all three
- * bit for bit). With AVX512_VBMI as well, the MXFP4 / NVFP4 GEMV decodes by byte and float permutes
- * (QO_CPU_KERNELS=avx512-novbmi turns that off). No -ffast-math anywhere; the build passes -ffp-contract=off and the numerics-relevant code has no
+ * bit for bit). With AVX512_VBMI as well, the GEMVs of FP8 / INT8 decode by byte permutes (FP8: two 128-byte
+ * table lookups give the two upper bytes of each float32) and those of MXFP4 / NVFP4 by byte and float permutes
+ * (QO_CPU_KERNELS=avx512-novbmi turns that off); the decoded values, hence the bits, are the same. No -ffast-math anywhere; the build passes -ffp-contract=off and the numerics-relevant code has no
  * a*b+c expression a compiler could fuse.
  *
  * Shapes of the work:
  *   - M <= 4 (decode): a GEMV over blocks of weight rows; each weight byte is read once, decoded in registers
- *     (32 elements per step; on AVX-512 32 of each of two rows), and multiplied against all M activation rows.
+ *     (32 elements per step; on AVX-512 32 of each of two rows), and multiplied against all M activation rows. The
+ *     tile streams 8 weight rows at once (AVX-512, M <= 2; 4 on AVX2), each prefetched QO_GEMV_PF bytes ahead in
+ *     software (the hardware prefetcher alone keeps too few lines in flight for 8 streams: +10-30 % from DRAM).
+ *     Wider tiles were slower (16 rows: -40 %, more streams than the prefetchers follow).
  *   - M > 4 (prefill): A is packed once into 4-row micro-panels; a task decodes its 48 weight rows x K to float32
  *     once, in 3-row micro-panels (thread-local), then register tiles of 4 activation rows x 3 weight rows (12
  *     accumulators) run over K blocks of 512 (L1-resident), keeping their 8-lane partial sums in a thread-local
@@ -51,6 +55,9 @@
 #define QO_DYNAMIC_SCALE_MIN 1e-12f
 #define QO_GEMV_MAX_M 4       /* M up to this: GEMV straight from the compact weight */
 #define QO_GEMV_ROWS 16       /* weight rows per task (GEMV) */
+#ifndef QO_GEMV_PF
+#define QO_GEMV_PF 512        /* GEMV: software prefetch this many bytes ahead in each weight row (0: none) */
+#endif
 #ifndef QO_PANEL_ROWS
 #define QO_PANEL_ROWS 48      /* weight rows per task (M > 4): decoded once to float32 */
 #endif
@@ -90,12 +97,20 @@ typedef struct {
 static const int8_t QO_E2M1_X2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 static float qo_fp8_value[256]; /* e4m3fn code -> float32; NaN codes -> +qNaN (the AVX2 decode gives the same) */
+/* Bytes 3 and 2 of the float32 of magnitude codes 0..127 (the low 16 bits are 0 for every e4m3fn value: 3 mantissa
+ * bits): the AVX512_VBMI FP8 GEMV's byte tables (qoz_byte_pair_vbmi). */
+static uint8_t qo_fp8_hi[128] __attribute__((aligned(64)));
+static uint8_t qo_fp8_lo[128] __attribute__((aligned(64)));
 static int qo_fp8_value_ready = 0;
 
 static void fp8_value_table(void) {
   if (qo_fp8_value_ready) return;
   for (int c = 0; c < 256; ++c)
     qo_fp8_value[c] = ((c & 0x7F) == 0x7F) ? qo_bits_to_f32(0x7FC00000u) : qo_e4m3fn_to_f32((uint8_t)c);
+  for (int c = 0; c < 128; ++c) {
+    qo_fp8_hi[c] = (uint8_t)(qo_f32_to_bits(qo_fp8_value[c]) >> 24);
+    qo_fp8_lo[c] = (uint8_t)(qo_f32_to_bits(qo_fp8_value[c]) >> 16);
+  }
   qo_fp8_value_ready = 1; /* benign race: every thread writes the same values */
 }
 
@@ -237,6 +252,11 @@ QO_INLINE __m256 avx_i8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvte
 
 QO_INLINE int qo_block_of(const int fmt) { return fmt == QO_W_MXFP4 ? QO_MXFP4_BLOCK : QO_NVFP4_BLOCK; }
 
+/* Byte offset of element k (k % 2 == 0) in a weight row. */
+QO_INLINE int64_t qo_row_offset(const int fmt, int64_t k) {
+  return fmt == QO_W_BF16 ? 2 * k : fmt == QO_W_MXFP4 || fmt == QO_W_NVFP4 ? k / 2 : k;
+}
+
 /* 8 weight elements k..k+7 (k % 8 == 0) of one row. */
 QO_INLINE __m256 avx_dec8(const int fmt, const qo_weight* w, const uint8_t* row, const uint8_t* srow, int64_t k) {
   if (fmt == QO_W_FP8) return avx_fp8x8(row + k);
@@ -307,6 +327,8 @@ QO_INLINE void avx_gemv_tile(const int fmt, const int mr, const int nr, qo_job* 
   }
   int64_t k = 0;
   for (; k + 32 <= K8; k += 32) {
+    if (QO_GEMV_PF && (qo_row_offset(fmt, k) & 63) == 0)
+      for (int r = 0; r < nr; ++r) _mm_prefetch((const char*)rows[r] + qo_row_offset(fmt, k) + QO_GEMV_PF, _MM_HINT_T0);
     for (int r = 0; r < nr; ++r) {
       __m256 wv[4];
       avx_dec32(fmt, w, rows[r], srows[r], k, wv);
@@ -452,6 +474,29 @@ static void avx_tile_4x3(const float* a, const float* p, int64_t steps, float* p
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
 #endif
 
+/* FP8 elements k..k+31 of rows a (low halves) and b (high halves), out[s] = elements k+8s..k+8s+7 of both: the
+ * integer route of qoz_fp8x16 (sign to bit 31, magnitude to bits 20..26, + 120 on the float32 exponent; no multiply,
+ * no blend) when all 64 codes are normal, else qoz_fp8x32's fp16 route (a branch taken for about 1 % of the steps
+ * of real weights: zero and subnormal codes are |w| < 2^-6 of the scale). */
+QO_INLINE void qoz_fp8_pair(const uint8_t* ra, const uint8_t* rb, int64_t k, __m512 out[4]) {
+  const __m256i ca = _mm256_loadu_si256((const __m256i*)(ra + k)), cb = _mm256_loadu_si256((const __m256i*)(rb + k));
+  /* any zero, subnormal or NaN code? ((code + 1) & 0x7F, a byte, is <= 8 exactly for those) */
+  const __m512i t = _mm512_and_si512(_mm512_add_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(ca), cb, 1),
+                                                     _mm512_set1_epi8(1)), _mm512_set1_epi8(0x7F));
+  if (__builtin_expect(_mm512_cmple_epu8_mask(t, _mm512_set1_epi8(8)) != 0, 0)) {
+    qoz_fp8x32(_mm256_unpacklo_epi64(ca, cb), &out[0], &out[2]);
+    qoz_fp8x32(_mm256_unpackhi_epi64(ca, cb), &out[1], &out[3]);
+    return;
+  }
+  const __m256i u0 = _mm256_unpacklo_epi64(ca, cb), u1 = _mm256_unpackhi_epi64(ca, cb);
+  const __m128i q[4] = {_mm256_castsi256_si128(u0), _mm256_castsi256_si128(u1), _mm256_extracti128_si256(u0, 1),
+                        _mm256_extracti128_si256(u1, 1)};
+  const __m512i mask = _mm512_set1_epi32((int)0x87F00000u), bias = _mm512_set1_epi32(120 << 23);
+  for (int s = 0; s < 4; ++s)
+    out[s] = _mm512_castsi512_ps(
+        _mm512_add_epi32(_mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepi8_epi32(q[s]), 20), mask), bias));
+}
+
 /* Weight elements k..k+31 (k % 32 == 0) of rows a (low halves) and b (high halves): out[s] = elements
  * k+8s..k+8s+7 of both rows. */
 QO_INLINE void qoz_dec32_pair(const int fmt, const qo_weight* w, const uint8_t* ra, const uint8_t* rb,
@@ -484,10 +529,7 @@ QO_INLINE void qoz_dec32_pair(const int fmt, const qo_weight* w, const uint8_t* 
     return;
   }
   if (fmt == QO_W_FP8) {
-    /* qwords of the two rows interleaved ([a 0-7, b 0-7 | a 16-23, b 16-23] and the odd ones), then qoz_fp8x32 */
-    const __m256i ca = _mm256_loadu_si256((const __m256i*)(ra + k)), cb = _mm256_loadu_si256((const __m256i*)(rb + k));
-    qoz_fp8x32(_mm256_unpacklo_epi64(ca, cb), &out[0], &out[2]);
-    qoz_fp8x32(_mm256_unpackhi_epi64(ca, cb), &out[1], &out[3]);
+    qoz_fp8_pair(ra, rb, k, out);
     return;
   }
   for (int s = 0; s < 4; ++s)
@@ -499,14 +541,11 @@ QO_INLINE void qoz_dec32_pair(const int fmt, const qo_weight* w, const uint8_t* 
  * AVX512_VBMI): vpermb moves each element's nibble into the low byte of its dword (row b's nibbles + 16), and
  * vpermt2ps looks the value up in the two rows' 16-entry tables 2 * e2m1 * half block scale (the products the
  * other paths compute per element, the same float32 multiplications). */
-static const uint8_t QOZ_FP4_IDX[4][64] = {
+static const uint8_t QOZ_FP4_IDX[64] = {
 #define QOZ_L(s, L) (uint8_t)((((8 * (s) + (L) % 8) & 1) ? 32 : 0) + ((L) / 8) * 16 + (8 * (s) + (L) % 8) / 2)
-#define QOZ_D(s, L) QOZ_L(s, L), 0, 0, 0
-#define QOZ_ROW(s) QOZ_D(s, 0), QOZ_D(s, 1), QOZ_D(s, 2), QOZ_D(s, 3), QOZ_D(s, 4), QOZ_D(s, 5), QOZ_D(s, 6), \
-    QOZ_D(s, 7), QOZ_D(s, 8), QOZ_D(s, 9), QOZ_D(s, 10), QOZ_D(s, 11), QOZ_D(s, 12), QOZ_D(s, 13), QOZ_D(s, 14), \
-    QOZ_D(s, 15)
-    {QOZ_ROW(0)}, {QOZ_ROW(1)}, {QOZ_ROW(2)}, {QOZ_ROW(3)}};
-#undef QOZ_ROW
+#define QOZ_D(L) QOZ_L(0, L), QOZ_L(1, L), QOZ_L(2, L), QOZ_L(3, L)
+    QOZ_D(0), QOZ_D(1), QOZ_D(2), QOZ_D(3), QOZ_D(4), QOZ_D(5), QOZ_D(6), QOZ_D(7), QOZ_D(8), QOZ_D(9), QOZ_D(10),
+    QOZ_D(11), QOZ_D(12), QOZ_D(13), QOZ_D(14), QOZ_D(15)};
 #undef QOZ_D
 #undef QOZ_L
 
@@ -524,15 +563,59 @@ static inline QOZ_VBMI void qoz_fp4_pair_vbmi(const int fmt, const qo_weight* w,
   const int64_t b = k / qo_block_of(fmt);
   __m512 ta = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sa[b]]));
   __m512 tb = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sb[b]]));
+  /* byte s of dword L: the nibble of step s (vpermt2ps reads bits 0..4 of a dword: one shift by 8 per step) */
+  __m512i idx = _mm512_permutexvar_epi8(_mm512_loadu_si512((const void*)QOZ_FP4_IDX), src);
   for (int s = 0; s < 4; ++s) {
     if (s == 2 && fmt == QO_W_NVFP4) {
       ta = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sa[b + 1]]));
       tb = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sb[b + 1]]));
     }
-    const __m512i idx = _mm512_maskz_permutexvar_epi8(0x1111111111111111ULL,
-                                                      _mm512_loadu_si512((const void*)QOZ_FP4_IDX[s]), src);
+    if (s) idx = _mm512_srli_epi32(idx, 8);
     out[s] = _mm512_permutex2var_ps(ta, idx, tb);
   }
+}
+
+/* FP8 / INT8 elements k..k+31 of rows a and b (as qoz_dec32_pair) by byte permutes (needs AVX512_VBMI), rows a and
+ * b as bytes 0..31 and 32..63 of one zmm, no branch.
+ *   INT8: vpermt2b puts each code into the top byte of its dword (the rest zero), an arithmetic shift by 24
+ *   sign-extends it, vcvtdq2ps (exact).
+ *   FP8: every e4m3fn value's float32 has its low 16 bits zero, so two 128-byte table lookups (vpermi2b on the 7
+ *   magnitude bits: qo_fp8_hi / qo_fp8_lo, bytes 3 and 2 of the float32) and the sign OR'ed into byte 3 give each
+ *   code's float32 exactly (zero, subnormal and NaN codes too; 0xFF made +qNaN as on the other paths); then per 16
+ *   elements one vpermt2b moves the two bytes into bytes 2..3 of the element's dword, bytes 0..1 zero. */
+static const uint8_t QOZ_BYTE_IDX[4][64] = { /* INT8: byte 3 of dword L <- code of element 8s + L % 8, row L / 8 */
+#define QOZ_B(s, L) 0, 0, 0, (uint8_t)(((L) / 8) * 32 + 8 * (s) + (L) % 8)
+#define QOZ_ROW(s) QOZ_B(s, 0), QOZ_B(s, 1), QOZ_B(s, 2), QOZ_B(s, 3), QOZ_B(s, 4), QOZ_B(s, 5), QOZ_B(s, 6), \
+    QOZ_B(s, 7), QOZ_B(s, 8), QOZ_B(s, 9), QOZ_B(s, 10), QOZ_B(s, 11), QOZ_B(s, 12), QOZ_B(s, 13), QOZ_B(s, 14), \
+    QOZ_B(s, 15)
+    {QOZ_ROW(0)}, {QOZ_ROW(1)}, {QOZ_ROW(2)}, {QOZ_ROW(3)}};
+#undef QOZ_B
+#define QOZ_B(s, L) 0, 0, (uint8_t)(((L) / 8) * 32 + 8 * (s) + (L) % 8), (uint8_t)(64 + ((L) / 8) * 32 + 8 * (s) + (L) % 8)
+static const uint8_t QOZ_FP8_IDX[4][64] = { /* FP8: bytes 2, 3 of dword L <- low, high table byte of that element */
+    {QOZ_ROW(0)}, {QOZ_ROW(1)}, {QOZ_ROW(2)}, {QOZ_ROW(3)}};
+#undef QOZ_ROW
+#undef QOZ_B
+
+static inline QOZ_VBMI void qoz_byte_pair_vbmi(const int fmt, const uint8_t* ra, const uint8_t* rb, int64_t k,
+                                               __m512 out[4]) {
+  const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(ra + k))),
+                                           _mm256_loadu_si256((const __m256i*)(rb + k)), 1);
+  if (fmt == QO_W_INT8) {
+    for (int s = 0; s < 4; ++s)
+      out[s] = _mm512_cvtepi32_ps(_mm512_srai_epi32(
+          _mm512_maskz_permutexvar_epi8(0x8888888888888888ULL, _mm512_loadu_si512((const void*)QOZ_BYTE_IDX[s]),
+                                        codes), 24));
+    return;
+  }
+  const __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512((const void*)qo_fp8_lo), codes,
+                                              _mm512_load_si512((const void*)(qo_fp8_lo + 64)));
+  __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512((const void*)qo_fp8_hi), codes,
+                                        _mm512_load_si512((const void*)(qo_fp8_hi + 64)));
+  hi = _mm512_ternarylogic_epi32(hi, codes, _mm512_set1_epi8((char)0x80), 0xF8); /* hi | (codes & 0x80) */
+  hi = _mm512_mask_mov_epi8(hi, _mm512_cmpeq_epi8_mask(codes, _mm512_set1_epi8((char)0xFF)), _mm512_set1_epi8(0x7F));
+  for (int s = 0; s < 4; ++s)
+    out[s] = _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(
+        0xCCCCCCCCCCCCCCCCULL, lo, _mm512_loadu_si512((const void*)QOZ_FP8_IDX[s]), hi));
 }
 
 /* GEMV tile: mr activation rows (all of M) x np weight-row pairs starting at n. */
@@ -554,9 +637,13 @@ QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* 
     __m512 x[4][4];
     for (int i = 0; i < mr; ++i)
       for (int s = 0; s < 4; ++s) x[i][s] = _mm512_broadcast_f32x8(_mm256_loadu_ps(A + i * K + k + 8 * s));
+    if (QO_GEMV_PF && (qo_row_offset(fmt, k) & 63) == 0) /* one prefetch per 64 bytes of each row */
+      for (int r = 0; r < 2 * np; ++r) _mm_prefetch((const char*)rows[r] + qo_row_offset(fmt, k) + QO_GEMV_PF, _MM_HINT_T0);
     for (int p = 0; p < np; ++p) {
       __m512 wv[4];
-      if (vbmi)
+      if (vbmi && (fmt == QO_W_FP8 || fmt == QO_W_INT8))
+        qoz_byte_pair_vbmi(fmt, rows[2 * p], rows[2 * p + 1], k, wv);
+      else if (vbmi)
         qoz_fp4_pair_vbmi(fmt, w, rows[2 * p], rows[2 * p + 1], srows[2 * p], srows[2 * p + 1], k, wv);
       else
         qoz_dec32_pair(fmt, w, rows[2 * p], rows[2 * p + 1], srows[2 * p], srows[2 * p + 1], k, wv);
@@ -629,6 +716,12 @@ static QOZ_VBMI __attribute__((flatten)) void qoz_gemv_mxfp4_vbmi(qo_job* job, i
 }
 static QOZ_VBMI __attribute__((flatten)) void qoz_gemv_nvfp4_vbmi(qo_job* job, int64_t n0, int64_t n1) {
   qoz_gemv_rows(QO_W_NVFP4, job, n0, n1, 1);
+}
+static QOZ_VBMI __attribute__((flatten)) void qoz_gemv_fp8_vbmi(qo_job* job, int64_t n0, int64_t n1) {
+  qoz_gemv_rows(QO_W_FP8, job, n0, n1, 1);
+}
+static QOZ_VBMI __attribute__((flatten)) void qoz_gemv_int8_vbmi(qo_job* job, int64_t n0, int64_t n1) {
+  qoz_gemv_rows(QO_W_INT8, job, n0, n1, 1);
 }
 
 /* Prefill register tile: ma 4-row micro-panels (a[0..ma-1]) x nb 3-row weight groups (p[0..nb-1]) over `steps`
@@ -847,6 +940,10 @@ static void rows_task(qo_job* job, int64_t n0, int64_t n1) {
       qoz_gemv_mxfp4_vbmi(job, n0, n1);
     else if (job->isa == QO_ISA_AVX512 && job->w->fmt == QO_W_NVFP4 && qo_cpu_vbmi())
       qoz_gemv_nvfp4_vbmi(job, n0, n1);
+    else if (job->isa == QO_ISA_AVX512 && job->w->fmt == QO_W_FP8 && qo_cpu_vbmi())
+      qoz_gemv_fp8_vbmi(job, n0, n1);
+    else if (job->isa == QO_ISA_AVX512 && job->w->fmt == QO_W_INT8 && qo_cpu_vbmi())
+      qoz_gemv_int8_vbmi(job, n0, n1);
     else if (job->isa == QO_ISA_AVX512)
       qoz_gemv_by_format[job->w->fmt](job, n0, n1);
     else
