@@ -8,7 +8,10 @@
  * grouped GEMM), through qo_cpu_weight_rows_f32: the dense kernels' own code and summation order. A row's result
  * does not depend on M or on the row block (qo_kernels.h), so each output equals the dense op on that expert bit for
  * bit. Tasks are (expert, block of weight rows): 16 rows when the expert has <= 4 rows of A (GEMV), 48 above (the
- * decoded-panel GEMM), run through ORT's intra-op pool when the ORT layer set it (qo_cpu_parallel_for). */
+ * decoded-panel GEMM), run through ORT's intra-op pool when the ORT layer set it (qo_cpu_parallel_for).
+ * 4-bit integer experts (QO_FMT_INT4, MatMulExpertsUint4 / Int4) go through qo_cpu_int4_rows_f32 instead (the
+ * dense MatMulUint4 kernel's code and 32-lane order); its SIMD paths read A reordered for their lanes, prepared once
+ * per expert before the tasks run (qo_cpu_int4_prepare_a). */
 #include <stdlib.h>
 #include <string.h>
 
