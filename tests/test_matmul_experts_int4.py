@@ -6,8 +6,9 @@ One-node models built here, in ORT with the custom-op library and without it (th
     float64 product rounds to the float32 product), z = 8 for the symmetric (Int4) form; the sum in float64;
   - the dense MatMulUint4 / MatMulInt4 on each chosen expert's own weight: bit for bit;
   - itself across QO_CPU_KERNELS paths (portable C, AVX2, the best the CPU has) and 1 / 2 intra-op threads.
-K and N are not multiples of any tile; T = 1, 3, 128 (an expert chosen by > 4 tokens takes the prefill tiles); k = 1
-and 8.
+K and N are not multiples of any tile; T = 1, 3, 12, 24, 128 (an expert's rows: <= 4 one GEMV, 5-16 GEMVs of <= 4
+rows, more the decoded-panel tiles; the dense op takes the panel above 4 rows, so each path is checked against
+another); k = 1, 2 and 8.
 """
 from __future__ import annotations
 
@@ -89,11 +90,15 @@ def check_close(y, a, ids, w):
 
 
 @pytest.mark.parametrize("block,asym", [(32, True), (32, False), (128, True)])
-@pytest.mark.parametrize("t,k,per_slot", [(1, 8, False), (3, 1, True), (3, 8, False), (128, 8, False)])
+# experts' rows per call: <= 4 (GEMV), 5-16 (GEMVs of <= 4 rows; T = 12 / 24), > 16 (the decoded panel; T = 128)
+@pytest.mark.parametrize("t,k,per_slot", [(1, 8, False), (3, 1, True), (3, 8, False), (12, 8, False), (24, 2, True),
+                                          (128, 8, False)])
 def test_int4_experts_op(block, asym, t, k, per_slot, ort_ops_library, monkeypatch):
     rng = np.random.default_rng(block * 1000 + t * 10 + k + asym)
     b, s, zp, w = stack(rng, block, asym)
     ids = route(rng, t, k)
+    if t in (12, 24):
+        assert np.any((np.bincount(ids.ravel()) > 4) & (np.bincount(ids.ravel()) <= 16))
     a = rng.standard_normal((t, k, K) if per_slot else (t, K)).astype(np.float32)
     feeds = {"A": a, "expert_ids": ids}
     model = experts_model(b, s, zp)

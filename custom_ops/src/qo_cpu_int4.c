@@ -599,9 +599,16 @@ int64_t qo_cpu_int4_prepared_floats(int64_t M, int64_t K, int64_t block_size) {
   return j.path == I4_PORTABLE ? 0 : M * j.Kc;
 }
 
+/* the rows entry point runs up to I4_CHUNKED_GEMV_MAX_M activation rows as GEMVs of <= 4 rows each (the weight
+ * decoded in registers once per chunk) rather than decoding it to a float32 panel for a few rows (an expert's rows
+ * at prefill: about k T / E); the same bits either way */
+#ifndef I4_CHUNKED_GEMV_MAX_M
+#define I4_CHUNKED_GEMV_MAX_M 16 /* measured (T = 128 and 512 tokens, top-8 of 128 experts [768, 2048]): chunks win to ~24 rows, the panel from ~32 */
+#endif
+
 void qo_cpu_int4_prepare_a(const float* A, int64_t M, int64_t K, int64_t block_size, float* prepared) {
   const i4_job j = job_of(NULL, NULL, NULL, M, 0, K, block_size);
-  if (j.path != I4_PORTABLE) deinterleave_a(A, M, K, j.Kc, M <= I4_GEMV_MAX_M ? j.Kc : I4_KC, prepared);
+  if (j.path != I4_PORTABLE) deinterleave_a(A, M, K, j.Kc, M <= I4_CHUNKED_GEMV_MAX_M ? j.Kc : I4_KC, prepared);
 }
 
 int qo_cpu_int4_rows_f32(const float* A, const float* prepared, int64_t M, int64_t N, int64_t K, const uint8_t* B,
@@ -615,7 +622,19 @@ int qo_cpu_int4_rows_f32(const float* A, const float* prepared, int64_t M, int64
   j.A = A;
   j.ad = prepared;
   j.Y = Y;
-  if (M > 0 && n0 < n1) run_rows(&j, n0, n1);
+  if (M > I4_GEMV_MAX_M && M <= I4_CHUNKED_GEMV_MAX_M && j.path != I4_PORTABLE) {
+    for (int64_t m0 = 0; m0 < M && n0 < n1; m0 += I4_GEMV_MAX_M) {
+      i4_job c = j;
+      c.M = M - m0 < I4_GEMV_MAX_M ? M - m0 : I4_GEMV_MAX_M;
+      c.A = A + m0 * K;
+      c.ad = prepared + m0 * j.Kc;
+      c.Y = Y + m0 * N;
+      run_rows(&c, n0, n1);
+      if (c.failed) j.failed = c.failed;
+    }
+  } else if (M > 0 && n0 < n1) {
+    run_rows(&j, n0, n1);
+  }
   return j.failed ? QO_ERR_ALLOC : QO_OK;
 }
 
@@ -633,7 +652,7 @@ int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* scales, co
   if (ad_floats) {
     ad = (float*)malloc(sizeof(float) * (size_t)ad_floats + 64);
     if (!ad) return QO_ERR_ALLOC;
-    qo_cpu_int4_prepare_a(A, M, K, block_size, ad);
+    deinterleave_a(A, M, K, j.Kc, M <= I4_GEMV_MAX_M ? j.Kc : I4_KC, ad); /* this op: the panel layout above 4 rows */
     j.ad = ad;
   }
   if (K == 0 || j.k_blocks == 0) {
