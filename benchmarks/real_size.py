@@ -118,6 +118,9 @@ def baseline_form(scheme: str) -> str:
 # cpu default itself (MatMulNBits, QMoE experts), no option
 COMPACT_OPTION = {"fp8_kv": ["fp8_linear=compact"], "ptpc": ["fp8_linear=compact"], "int8": ["int8_linear=compact"],
                   "mxfp4": ["fp4_linear=compact"], "nvfp4": ["fp4_linear=compact"], "uint4": []}
+# uint4 MoE rows: also --extra_options int4_experts=compact (MatMulExpertsUint4 instead of QMoE; docs/moe.md)
+INT4_EXPERTS_FORM = "int4_experts=compact (MatMulExpertsUint4, MatMulNBits)"
+QMOE_EXACT_FORM = "default at accuracy_level=1 (QMoE, MatMulNBits: fp32 activations)"
 # MoE release shapes (public configs); moe_inter: the expert width
 QWEN3_30B_A3B = dict(arch="qwen3_moe", hidden=2048, inter=6144, moe_inter=768, layers=48, heads=32, kv_heads=4,
                      head_dim=128, vocab=151936, experts=128, top_k=8)
@@ -525,6 +528,10 @@ def main(argv=None) -> int:
         ex_split = _split_bytes(list(export_items(export)), vocab)
         forms = {"compact" if kind != "uint4" else "default": (work / f"{scheme}_compact", COMPACT_OPTION[kind]),
                  baseline_form(scheme): (work / f"{scheme}_dense", ["custom_ops_library=none"])}
+        if kind == "uint4" and "arch" in shape:  # the opt-in 4-bit experts op against the QMoE default
+            forms[INT4_EXPERTS_FORM] = (work / f"{scheme}_int4_experts", ["int4_experts=compact"])
+            # the default's QMoE / MatMulNBits at accuracy_level 1 (fp32 activations, as the compact experts op)
+            forms[QMOE_EXACT_FORM] = (work / f"{scheme}_qmoe_acc1", ["accuracy_level=1"])
         info = {form: convert(export, out, extra) for form, (out, extra) in forms.items()}
         runs = {form: [] for form in forms}
         folded = {form: [op for op, how in kernels_used(out).items() if how != "kernel"]

@@ -30,7 +30,7 @@ from .progress import ProgressBar
 from .options import options_not_applying
 from .output_dir import (make_temp, remove_tree, resolve_output, signals_raise, swap_into_place, write_error,
                          write_marker)
-from .ops.moe import MOE_FORMS
+from .ops.moe import INT4_EXPERTS_FORMS, MOE_FORMS
 from .quant import LinearPlan, scheme_for
 from .quant.float_int8 import LM_HEAD_FORMS, FloatToInt8Linear
 from .quant.float_bf16 import FloatBf16Linear
@@ -144,7 +144,17 @@ def _plan_compact(args, ep, io, options, library_kernels, no_library: bool, buil
 
 
 def uses_custom_ops(plan: ModelPlan) -> bool:
-    return any(getattr(lp.scheme, "custom_op", lambda *_: None)(lp, plan.ep, plan.io) for lp in plan.linears.values())
+    return (any(getattr(lp.scheme, "custom_op", lambda *_: None)(lp, plan.ep, plan.io) for lp in plan.linears.values())
+            or _int4_experts_compact(plan))
+
+
+def _int4_experts_compact(plan: ModelPlan) -> bool:
+    """--extra_options int4_experts=compact on a cpu fp32 MoE with 4-bit integer weights (MatMulExpertsUint4/Int4,
+    builder/ops/routed_experts.py; whether each block takes it is decided there)."""
+    from .quant.int_weight_only import BITS, IntWeightOnly
+    return (plan.options.extra.get("int4_experts") == "compact" and plan.ep.name == "cpu" and plan.io == "fp32"
+            and hasattr(plan.hp, "num_experts")
+            and any(lp.scheme is IntWeightOnly and BITS[lp.spec.weight[0].dtype] == 4 for lp in plan.linears.values()))
 
 
 def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, ep, io, options,
@@ -284,7 +294,8 @@ EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "int8_linear": INT8_LINEAR_FORMS
 LM_HEAD_SCHEMES = {"int8": (FloatToInt8Linear, "quantizes a copy of it to 8 bits"),
                    "bf16": (FloatBf16Linear, "reads its bf16 bits (one table with embedding=bf16, else a copy)")}
 
-OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS, "lm_head": LM_HEAD_FORMS, "prefill_logits": ("all", "last")}
+OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS, "int4_experts": INT4_EXPERTS_FORMS, "lm_head": LM_HEAD_FORMS,
+                  "prefill_logits": ("all", "last")}
 
 
 def check_options(options: BuildOptions) -> None:

@@ -140,6 +140,10 @@ OPTIONS: dict[str, Option] = {
     "moe": Option(_choices_of(("builder.ops.moe", "MOE_FORMS")), _has_moe,
                   "MoE form: routed (QMoE where exact, else the standard-op routed form) | gather (the standard-op "
                   "routed form) | dense"),
+    "int4_experts": Option(_choices_of(("builder.ops.moe", "INT4_EXPERTS_FORMS")), _has_moe,
+                           "cpu routed 4-bit integer experts: qmoe (com.microsoft QMoE, pre-packed at session "
+                           "creation) | compact (com.quark_onnx MatMulExpertsUint4/Int4: the stacked bytes read in "
+                           "place, exact; custom-op library)"),
     "mla_cache": Option(_choices_of(("builder.ops.mla_attention", "MLA_CACHE_FORMS")), _has_mla,
                         "DeepSeek MLA cache: materialized (per-head K/V in GroupQueryAttention) | latent (MLA's "
                         "compressed latent, kv_b_proj absorbed; cpu/cuda)"),

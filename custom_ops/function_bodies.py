@@ -45,6 +45,7 @@ SCALAR_SHAPE = _ints("scalar_shape", np.zeros((0,), dtype=np.int64))
 SHAPE_E_BLOCKS_32 = _ints("shape_e_blocks_32", [0, 0, 0, -1, MXFP4_BLOCK_SIZE])
 SHAPE_E_BLOCKS_16 = _ints("shape_e_blocks_16", [0, 0, 0, -1, NVFP4_BLOCK_SIZE])
 SHAPE_E_N_K = _ints("shape_e_n_k", [0, 0, 0, -1])
+SHAPE_E_GROUPS = _ints("shape_e_groups", [0, 0, 0, 0, -1])
 SHAPE_E_COLUMN = _ints("shape_e_col", [0, 0, -1, 1])
 SHAPE_E_SCALAR = _ints("shape_e_scalar", [0, 0, 1, 1])
 SHAPE_ROWS_TAIL = _ints("shape_rows_tail", [-1, 1])
@@ -234,6 +235,55 @@ def MatMulExpertsInt8(A, expert_ids, B: INT8[...], B_scale: FLOAT[...]):
 
 
 @script(quark_onnx)
+def MatMulExpertsUint4(A, expert_ids, B: UINT8[...], scales: FLOAT[...], zero_points: UINT8[...]):
+    """As MatMulExpertsMxfp4 with MatMulUint4 weights: B uint8 [E, N, k_blocks, block/2], scales float32
+    [E, N, k_blocks], zero_points uint8 [E, N, ceil(k_blocks/2)]; W = (q - z) * s in float32, K read from A."""
+    last_axis = op.Constant(value=LAST_AXIS)
+    codes = op.Gather(B, expert_ids, axis=0)                                            # [T, k, N, kb, bs/2]
+    code_even = op.BitwiseAnd(codes, op.Constant(value=LOW_MASK))
+    code_odd = op.BitShift(codes, op.Constant(value=NIBBLE_BITS), direction="RIGHT")
+    code_pairs = op.Concat(op.Unsqueeze(code_even, last_axis), op.Unsqueeze(code_odd, last_axis), axis=-1)
+    code_blocks = op.Cast(op.Reshape(code_pairs, op.Constant(value=SHAPE_E_GROUPS)), to=TensorProto.FLOAT)
+    zp_bytes = op.Gather(zero_points, expert_ids, axis=0)                               # [T, k, N, ceil(kb/2)]
+    zp_even = op.BitwiseAnd(zp_bytes, op.Constant(value=LOW_MASK))
+    zp_odd = op.BitShift(zp_bytes, op.Constant(value=NIBBLE_BITS), direction="RIGHT")
+    zp_pairs = op.Concat(op.Unsqueeze(zp_even, last_axis), op.Unsqueeze(zp_odd, last_axis), axis=-1)
+    zp_all = op.Reshape(zp_pairs, op.Constant(value=SHAPE_E_N_K))                       # [T, k, N, 2 ceil(kb/2)]
+    zp = op.Slice(zp_all, op.Constant(value=ZERO_1D), op.Shape(B, start=2, end=3), last_axis)
+    zp_f = op.Unsqueeze(op.Cast(zp, to=TensorProto.FLOAT), last_axis)                   # [T, k, N, kb, 1]
+    scale = op.Unsqueeze(op.Gather(scales, expert_ids, axis=0), last_axis)              # [T, k, N, kb, 1]
+    weight_padded = op.Reshape(op.Mul(op.Sub(code_blocks, zp_f), scale), op.Constant(value=SHAPE_E_N_K))
+    weight = op.Slice(weight_padded, op.Constant(value=ZERO_1D), op.Shape(A, start=-1), last_axis)  # [T, k, N, K]
+    rows = op.Concat(op.Shape(expert_ids, start=0, end=1), op.Constant(value=SHAPE_ROWS_TAIL), op.Shape(A, start=-1),
+                     axis=0)
+    a_rows = op.Reshape(op.Cast(A, to=TensorProto.FLOAT), rows)
+    y_f32 = op.Reshape(op.MatMul(a_rows, op.Transpose(weight, perm=[0, 1, 3, 2])), op.Constant(value=SHAPE_T_K_N))
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
+@script(quark_onnx)
+def MatMulExpertsInt4(A, expert_ids, B: UINT8[...], scales: FLOAT[...]):
+    """MatMulExpertsUint4 with every zero point 8 (MatMulInt4's weights stacked): W = (u - 8) * s."""
+    last_axis = op.Constant(value=LAST_AXIS)
+    codes = op.Gather(B, expert_ids, axis=0)
+    code_even = op.BitwiseAnd(codes, op.Constant(value=LOW_MASK))
+    code_odd = op.BitShift(codes, op.Constant(value=NIBBLE_BITS), direction="RIGHT")
+    code_pairs = op.Concat(op.Unsqueeze(code_even, last_axis), op.Unsqueeze(code_odd, last_axis), axis=-1)
+    code_blocks = op.Cast(op.Reshape(code_pairs, op.Constant(value=SHAPE_E_GROUPS)), to=TensorProto.FLOAT)
+    scale = op.Unsqueeze(op.Gather(scales, expert_ids, axis=0), last_axis)
+    weight_blocks = op.Mul(op.Sub(code_blocks, op.Constant(value=INT4_DEFAULT_ZP)), scale)
+    weight_padded = op.Reshape(weight_blocks, op.Constant(value=SHAPE_E_N_K))
+    weight = op.Slice(weight_padded, op.Constant(value=ZERO_1D), op.Shape(A, start=-1), last_axis)
+    rows = op.Concat(op.Shape(expert_ids, start=0, end=1), op.Constant(value=SHAPE_ROWS_TAIL), op.Shape(A, start=-1),
+                     axis=0)
+    a_rows = op.Reshape(op.Cast(A, to=TensorProto.FLOAT), rows)
+    y_f32 = op.Reshape(op.MatMul(a_rows, op.Transpose(weight, perm=[0, 1, 3, 2])), op.Constant(value=SHAPE_T_K_N))
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
+@script(quark_onnx)
 def MatMulUint4(A, B: UINT8[...], scales: FLOAT[...], zero_points: UINT8[...], K: int, N: int, block_size: int):
     """Y = float32(A) @ W^T, W[n, k] = (q - z) * s in float32 (Quark's dequantization: the integer difference is exact,
     the product rounds once). MatMulNBits' 4-bit layout: B uint8 [N, k_blocks, block_size/2] (even k in the low
@@ -283,4 +333,4 @@ def MatMulInt4(A, B: UINT8[...], scales: FLOAT[...], K: int, N: int, block_size:
 
 BODIES = {fn.name: fn for fn in (MatMulUint4, MatMulInt4, MatMulMxfp4, MatMulFp8W8A8, MatMulFp8W8A8Dyn, MatMulBf16, MatMulFp8, MatMulInt8,
                                  MatMulNvfp4, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
-                                 MatMulExpertsInt8)}
+                                 MatMulExpertsInt8, MatMulExpertsUint4, MatMulExpertsInt4)}

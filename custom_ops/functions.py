@@ -95,6 +95,8 @@ FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
     "MatMulExpertsNvfp4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsNvfp4", opset),
     "MatMulExpertsFp8": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsFp8", opset),
     "MatMulExpertsInt8": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsInt8", opset),
+    "MatMulExpertsUint4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsUint4", opset),
+    "MatMulExpertsInt4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsInt4", opset),
 }
 
 # Inputs in order, and the integer attributes each node must carry.
@@ -110,6 +112,8 @@ OP_INPUTS = {
     "MatMulExpertsNvfp4": ("A", "expert_ids", "B", "B_scale", "B_scale_2"),
     "MatMulExpertsFp8": ("A", "expert_ids", "B", "B_scale"),
     "MatMulExpertsInt8": ("A", "expert_ids", "B", "B_scale"),
+    "MatMulExpertsUint4": ("A", "expert_ids", "B", "scales", "zero_points"),
+    "MatMulExpertsInt4": ("A", "expert_ids", "B", "scales"),
     "MatMulUint4": ("A", "B", "scales", "zero_points"),
     "MatMulInt4": ("A", "B", "scales"),
 }
@@ -125,6 +129,8 @@ OP_REQUIRED_ATTRIBUTES = {
     "MatMulExpertsNvfp4": (),
     "MatMulExpertsFp8": (),
     "MatMulExpertsInt8": (),
+    "MatMulExpertsUint4": (),
+    "MatMulExpertsInt4": (),
     "MatMulUint4": ("K", "N", "block_size"),
     "MatMulInt4": ("K", "N", "block_size"),
 }

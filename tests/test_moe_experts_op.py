@@ -29,9 +29,16 @@ OP = {"mxfp4": "MatMulExpertsMxfp4", "mxfp4_fp8": "MatMulExpertsMxfp4", "fp8_w8a
 INT8_FLIP = ("qwen3_moe", "int8_w8a8")
 
 
+# 4-bit integer experts: QMoE by default on cpu (tests/test_moe_routed.py); --extra_options int4_experts=compact
+# takes MatMulExpertsUint4 (zero points) / MatMulExpertsInt4 (symmetric: every zero point 8)
+INT4_CASES = [("qwen3_moe", "uint4_g32"), ("qwen3_moe", "int4_per_channel"), ("mixtral", "uint4_g32"),
+              ("gpt_oss", "uint4_g32")]
+INT4_OP = {"uint4_g32": "MatMulExpertsUint4", "int4_per_channel": "MatMulExpertsInt4"}
+
+
 @pytest.fixture(scope="module")
 def exports(quark_exports):
-    keys = CASES + [INT8_FLIP]
+    keys = CASES + [INT8_FLIP] + INT4_CASES
     return dict(zip(keys, quark_exports.many(keys)))
 
 
@@ -71,6 +78,33 @@ def test_experts_op_form_matches_quark(exports, tmp_path, shape, recipe):
     print(f"\n{shape} {recipe}: max logit diff vs Quark {diffs}")  # docs/moe.md's table (pytest -s)
     assert max(diffs.values()) <= LOGIT_TOL, diffs
     assert (OP[recipe], "CPUExecutionProvider") in profiled
+    assert decisive_prefix(ref["greedy_margins"], LOGIT_TOL) == NEW_TOKENS, "reference has a near-tie"
+    assert genai_greedy(out, ids) == ref["greedy"].tolist()
+
+
+@pytest.mark.parametrize("shape,recipe", INT4_CASES, ids=[f"{s}-{r}" for s, r in INT4_CASES])
+def test_int4_experts_compact_matches_quark(exports, tmp_path, shape, recipe):
+    """int4_experts=compact: the 4-bit experts through MatMulExpertsUint4 / Int4 (no QMoE), against Quark's logits
+    and greedy tokens; 1 and 2 threads the same bits; the ONNX-function fallback too."""
+    export = exports[(shape, recipe)]
+    ref = np.load(export / "reference.npz")
+    out = build(export, tmp_path / "onnx", "cpu", "fp32", accuracy_level=1, int4_experts="compact")
+    library = shipped_library(out)
+    if library is None:
+        pytest.skip("no custom-op library: the conversion wrote the QMoE form")
+    ops = op_types(out)
+    assert ops.get(INT4_OP[recipe]) == SPARSE[shape] * PROJECTIONS.get(shape, 3), ops
+    assert "If" not in ops and "QMoE" not in ops
+    ids = ref["input_ids"]
+    one, two = (_logits(out, ids, t, library) for t in (1, 2))
+    assert np.array_equal(one, two)
+    profiled: list = []
+    diffs = {"kernel": float(np.abs(prompt_logits(out, ids, profile_nodes=profiled) - ref["logits"]).max()),
+             "kernel 1 thread": float(np.abs(one - ref["logits"]).max()),
+             "function fallback": float(np.abs(prompt_logits(out, ids, custom_ops_library="") - ref["logits"]).max())}
+    print(f"\n{shape} {recipe} int4_experts=compact: max logit diff vs Quark {diffs}")  # docs/moe.md (pytest -s)
+    assert max(diffs.values()) <= LOGIT_TOL, diffs
+    assert (INT4_OP[recipe], "CPUExecutionProvider") in profiled
     assert decisive_prefix(ref["greedy_margins"], LOGIT_TOL) == NEW_TOKENS, "reference has a near-tie"
     assert genai_greedy(out, ids) == ref["greedy"].tolist()
 

@@ -43,6 +43,10 @@ from .linear import emit_linear, emit_linears
 # standard-op form (ops/routed_experts.py) where the experts stack, else dense; gather: the standard-op form wherever
 # the experts stack (CPU 4-bit included); dense: every expert on every token
 MOE_FORMS = ("routed", "gather", "dense")
+# --extra_options int4_experts=...: the cpu routed form of 4-bit integer experts: qmoe (com.microsoft QMoE, which
+# pre-packs the experts at session creation) | compact (com.quark_onnx MatMulExpertsUint4 / MatMulExpertsInt4: the
+# stacked MatMulNBits bytes read in place, Quark's exact decode, fp32 sums; needs the custom-op library)
+INT4_EXPERTS_FORMS = ("qmoe", "compact")
 ROUTED_EPS = ("cpu",)
 ROUTED_BITS = (4,)
 
@@ -173,11 +177,18 @@ def moe_form(ctx) -> str:
     return ctx.options.extra.get("moe", "routed")  # validated in convert.check_options
 
 
+def int4_experts_form(ctx) -> str:
+    return ctx.options.extra.get("int4_experts", "qmoe")  # validated in convert.check_options
+
+
 def routed_block_size(ctx, experts: list[tuple], biases: bool = False) -> int | None:
     """The QMoE block size for these experts ((gate, up, down) or (gate_up, down) plans each), or None when the
     routed form does not apply to them. biases: the caller passes the experts' biases to QMoE (gpt-oss)."""
     if moe_form(ctx) != "routed" or ctx.ep.name not in ROUTED_EPS:
         return None
+    from . import routed_experts
+    if int4_experts_form(ctx) == "compact" and routed_experts.experts_op_applies(ctx, experts):
+        return None  # MatMulExpertsUint4 / MatMulExpertsInt4 (routed_experts.emit_experts_op)
     plans = [p for expert in experts for p in expert]
     if any(p.scheme is not IntWeightOnly or (p.has_bias and not biases) for p in plans):
         return None

@@ -56,12 +56,14 @@ from onnx import TensorProto, helper
 from ..quant.float_linear import FloatLinear
 from ..quant.fp8_w8a8 import Fp8W8A8, activation_mode, scalar_scale
 from ..quant.int8_w8a8 import INT_DTYPES, Int8W8A8
+from ..quant.int_packing import pack_uint_lowfirst
 from ..quant.int_weight_only import BITS, IntWeightOnly
 from ..quant.mxfp4 import MXFP4_GROUP, Mxfp4Linear, _e8m0_bytes, emulate_activations, scales_in_io
 from ..quant.mxfp4_fp8 import Mxfp4Fp8Linear
 from ..quant.nvfp4 import NVFP4_GROUP, Nvfp4Linear
 from ..quant import fp4_codes
 from . import fnuz
+from .matmul_nbits import block_size_for
 from .mx_activation import Fp4ActivationSpec, emit_fp4_activation_qdq, emit_nvfp4_activation_per_expert
 
 CHUNK_BYTES = 256 << 20  # dense branch: fp32 bytes of one chunk's decoded projection (bounds its transient memory)
@@ -546,12 +548,25 @@ def experts_op_applies(ctx, experts: list[tuple]) -> bool:
     for j in range(len(experts[0])):
         plan = experts[0][j]
         key = stack_key(plan)
+        if key and key[0] == "int":
+            if not _int4_experts_op(ctx, plan, symbols):
+                return False
+            continue
         ops = EXPERTS_OPS.get(key[0]) if key else None
         if ops is None or OP_SYMBOLS.get(ops[0]) not in symbols:
             return False
         if getattr(plan.scheme, "custom_op", lambda *_: None)(plan, ctx.ep, ctx.io) != ops[1]:
             return False
     return not _int8_zero_points(ctx, experts)
+
+
+def _int4_experts_op(ctx, plan, symbols) -> bool:
+    """4-bit integer experts take MatMulExpertsUint4 / MatMulExpertsInt4 only with --extra_options
+    int4_experts=compact (the cpu default is QMoE, ops/moe.py) and a library that has the kernel."""
+    from ..custom_ops_library import OP_SYMBOLS
+    from .moe import int4_experts_form
+    return (int4_experts_form(ctx) == "compact" and BITS[plan.spec.weight[0].dtype] == 4
+            and OP_SYMBOLS["MatMulExpertsUint4"] in symbols)
 
 
 def _int8_zero_points(ctx, experts: list[tuple]) -> bool:
@@ -572,7 +587,7 @@ class OpStack:
     bias: str | None
     mx_mode: str | None
     input_quant: InputQuant | None  # parameters [E, 1]
-    scale_2: str | None = None      # NVFP4 weight_scale_2 [E]
+    scale_2: str | None = None      # NVFP4 weight_scale_2 [E]; 4-bit integer: zero_points (the op's 5th input)
 
 
 def _op_expert_arrays(ctx, plan) -> dict[str, np.ndarray]:
@@ -587,6 +602,18 @@ def _op_expert_arrays(ctx, plan) -> dict[str, np.ndarray]:
         return {**out, "data": np.asarray(ckpt.get(f"{name}.weight"), dtype=np.uint8),
                 "scale": ws if ws.dtype == ml_dtypes.float8_e4m3fn else ws.view(ml_dtypes.float8_e4m3fn),
                 "scale_2": np.float32(ckpt.get_f32(f"{name}.weight_scale_2")).reshape(())}
+    if plan.scheme is IntWeightOnly:  # 4-bit (experts_op_applies): MatMulNBits' B / scales / zero points
+        iw = IntWeightOnly.load(plan, ctx.ckpt, ctx.quant.export.pack_method)
+        u, zp = iw.to_unsigned()
+        n, k = u.shape
+        bs = block_size_for(iw.group_size, k, name)
+        rep = iw.group_size // bs if iw.group_size != k else -(-k // bs)
+        k_blocks = -(-k // bs)
+        if k_blocks * bs != k:
+            u = np.concatenate([u, np.zeros((n, k_blocks * bs - k), np.uint8)], axis=1)
+        return {**out, "data": pack_uint_lowfirst(u.reshape(n, k_blocks, bs), 4),
+                "scale": np.ascontiguousarray(np.repeat(iw.scale, rep, axis=1)[:, :k_blocks], np.float32),
+                "zero_points": np.repeat(zp, rep, axis=1)[:, :k_blocks].astype(np.uint8)}   # unpacked: see below
     if plan.scheme is Int8W8A8:
         q, scale, _ = _int8_w8a8_weight(ctx, plan)  # zero points: 0 (experts_op_applies)
         return {**out, "data": np.ascontiguousarray(q, dtype=np.int8), "scale": scale}   # [N] or [1]
@@ -614,13 +641,19 @@ def build_op_stack(ctx, plans: list, name: str) -> OpStack:
 
     data = head["data"]
     names = {"data": g.stream(f"{name}.experts_op.data", data.dtype, (len(plans), *data.shape), weights())}
+    op = EXPERTS_OPS[key[0]][0] if key[0] != "int" else None
     for role, arrs in small.items():
         arr = np.stack(arrs)
         if role == "scale" and key[0] in ("fp8", "int8_w8a8") and arr.shape[1] == 1:
             arr = arr.reshape(-1)  # per-tensor: [E]
+        if role == "zero_points":  # 4-bit: every zero point 8 (a symmetric int4 weight): MatMulExpertsInt4
+            op = "MatMulExpertsInt4" if np.all(arr == 8) else "MatMulExpertsUint4"
+            if op == "MatMulExpertsInt4":
+                continue
+            arr = pack_uint_lowfirst(arr, 4)                                   # [E, N, ceil(k_blocks / 2)]
         names[role] = g.initializer(f"{name}.experts_op.{role}", arr)
-    return OpStack(EXPERTS_OPS[key[0]][0], names["data"], names["scale"], names.get("bias"), _mx_mode(ctx, key),
-                   _input_quant_of(first, names), names.get("scale_2"))
+    return OpStack(op, names["data"], names["scale"], names.get("bias"), _mx_mode(ctx, key),
+                   _input_quant_of(first, names), names.get("scale_2") or names.get("zero_points"))
 
 
 def _op_project(ctx, st: OpStack, x: str, idx: str, p: str, mx_done: bool) -> str:

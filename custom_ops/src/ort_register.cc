@@ -455,30 +455,47 @@ std::vector<QoCustomOp>& AllOps() {
   return ops;
 }
 
-// ---- MatMulExperts{Mxfp4,Nvfp4,Fp8,Int8} (CPU, float32): routed experts read in place from the stacked weight
-// (qo_cpu_experts.c). Inputs A [T, K] or [T, k, K], expert_ids int64 [T, k], B [E, N, ...], B_scale, (NVFP4)
-// B_scale_2 [E]; output Y [T, k, N]. ----
+// ---- MatMulExperts{Mxfp4,Nvfp4,Fp8,Int8,Uint4,Int4} (CPU, float32): routed experts read in place from the stacked
+// weight (qo_cpu_experts.c). Inputs A [T, K] or [T, k, K], expert_ids int64 [T, k], B [E, N, ...], B_scale, (NVFP4)
+// B_scale_2 [E]; (Uint4 / Int4) B [E, N, k_blocks, block/2], scales [E, N, k_blocks], (Uint4) zero_points
+// [E, N, ceil(k_blocks/2)], the block size read from B's shape; output Y [T, k, N]. ----
+// Formats of the experts ops: QO_FMT_* (qo_kernels.h) plus the two 4-bit integer ones (both QO_FMT_INT4 kernels).
+constexpr int kExpertsUint4 = 100, kExpertsInt4 = 101;
+
 struct QoExpertsOp : OrtCustomOp {
-  int fmt;  // QO_FMT_*
+  int fmt;  // QO_FMT_* or kExperts*4
 };
 
-const char* ORT_API_CALL ExpertsName(const OrtCustomOp* op) {
-  switch (static_cast<const QoExpertsOp*>(op)->fmt) {
+const char* ExpertsOpName(int fmt) {
+  switch (fmt) {
     case QO_FMT_MXFP4: return "MatMulExpertsMxfp4";
     case QO_FMT_NVFP4: return "MatMulExpertsNvfp4";
     case QO_FMT_FP8: return "MatMulExpertsFp8";
+    case kExpertsUint4: return "MatMulExpertsUint4";
+    case kExpertsInt4: return "MatMulExpertsInt4";
     default: return "MatMulExpertsInt8";
   }
+}
+
+const char* ORT_API_CALL ExpertsName(const OrtCustomOp* op) {
+  return ExpertsOpName(static_cast<const QoExpertsOp*>(op)->fmt);
 }
 
 const char* ORT_API_CALL ExpertsProvider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
 
 size_t ORT_API_CALL ExpertsInputCount(const OrtCustomOp* op) {
-  return static_cast<const QoExpertsOp*>(op)->fmt == QO_FMT_NVFP4 ? 5 : 4;
+  const int fmt = static_cast<const QoExpertsOp*>(op)->fmt;
+  return fmt == QO_FMT_NVFP4 || fmt == kExpertsUint4 ? 5 : 4;
 }
 
 ONNXTensorElementDataType ORT_API_CALL ExpertsInputType(const OrtCustomOp* op, size_t index) {
   const int fmt = static_cast<const QoExpertsOp*>(op)->fmt;
+  if (fmt == kExpertsUint4 || fmt == kExpertsInt4) {  // A, expert_ids, B, scales, (zero_points)
+    static const ONNXTensorElementDataType types[] = {
+        ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8,
+        ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8};
+    return types[index < 5 ? index : 4];
+  }
   switch (index) {
     case 0: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     case 1: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
@@ -509,24 +526,31 @@ void ORT_API_CALL ExpertsDestroy(void* kernel) { delete static_cast<int*>(kernel
 
 OrtStatus* ORT_API_CALL ExpertsCompute(void* kernel, OrtKernelContext* context) {
   const int fmt = *static_cast<const int*>(kernel);
-  const char* name = fmt == QO_FMT_MXFP4 ? "MatMulExpertsMxfp4" : fmt == QO_FMT_NVFP4 ? "MatMulExpertsNvfp4"
-                     : fmt == QO_FMT_FP8 ? "MatMulExpertsFp8" : "MatMulExpertsInt8";
+  const char* name = ExpertsOpName(fmt);
+  const bool int4 = fmt == kExpertsUint4 || fmt == kExpertsInt4;
   TensorView a, ids, b, b_scale, b_scale_2;
   const void *a_data = nullptr, *ids_data = nullptr, *b_data = nullptr, *s_data = nullptr, *s2_data = nullptr;
   QO_RETURN_IF_ERROR(Input(context, 0, &a, &a_data));
   QO_RETURN_IF_ERROR(Input(context, 1, &ids, &ids_data));
   QO_RETURN_IF_ERROR(Input(context, 2, &b, &b_data));
   QO_RETURN_IF_ERROR(Input(context, 3, &b_scale, &s_data));
-  if (fmt == QO_FMT_NVFP4) QO_RETURN_IF_ERROR(Input(context, 4, &b_scale_2, &s2_data));
-  if (ids.shape.size() != 2 || b.shape.size() != 3 || (a.shape.size() != 2 && a.shape.size() != 3))
+  if (fmt == QO_FMT_NVFP4 || fmt == kExpertsUint4) QO_RETURN_IF_ERROR(Input(context, 4, &b_scale_2, &s2_data));
+  if (ids.shape.size() != 2 || b.shape.size() != (int4 ? 4u : 3u) || (a.shape.size() != 2 && a.shape.size() != 3))
     return Error(std::string(name) + ": A must be [T, K] or [T, k, K], expert_ids [T, k], B [E, N, ...]");
   const int64_t T = ids.shape[0], k = ids.shape[1], E = b.shape[0], N = b.shape[1], K = a.shape.back();
   const int64_t a_slots = a.shape.size() == 3 ? k : 1;
   if (a.shape[0] != T || (a.shape.size() == 3 && a.shape[1] != k))
     return Error(std::string(name) + ": A's leading dimensions must match expert_ids [T, k]");
   const bool fp4 = fmt == QO_FMT_MXFP4 || fmt == QO_FMT_NVFP4;
-  const int64_t block = fmt == QO_FMT_MXFP4 ? 32 : 16;
-  if (fp4) {
+  const int64_t block = int4 ? 2 * b.shape[3] : fmt == QO_FMT_MXFP4 ? 32 : 16;
+  const int64_t k_blocks = block > 0 ? (K + block - 1) / block : 0;
+  if (int4) {
+    if (block < 16 || (block & (block - 1)) || b.shape[2] != k_blocks || K <= 0)
+      return Error(std::string(name) + ": B must be [E, N, ceil(K / block), block / 2], block a power of two >= 16");
+    if (b_scale.elements() != E * N * k_blocks) return Error(std::string(name) + ": scales must be [E, N, k_blocks]");
+    if (fmt == kExpertsUint4 && b_scale_2.elements() != E * N * ((k_blocks + 1) / 2))
+      return Error(std::string(name) + ": zero_points must be [E, N, ceil(k_blocks / 2)]");
+  } else if (fp4) {
     if (b.shape[2] * 2 != K || K % block != 0)
       return Error(std::string(name) + ": B must be [E, N, K/2] with K % " + std::to_string(block) + " == 0");
     if (b_scale.shape.size() != 3 || b_scale.shape[0] != E || b_scale.shape[1] != N || b_scale.shape[2] != K / block)
@@ -562,6 +586,12 @@ OrtStatus* ORT_API_CALL ExpertsCompute(void* kernel, OrtKernelContext* context) 
       status = qo_matmul_experts_fp8_f32(A, id, B, (const float*)s_data, b_scale.elements(), Y, T, k, a_slots, E, N,
                                          K);
       break;
+    case kExpertsUint4:
+    case kExpertsInt4:
+      status = qo_matmul_experts_int4_f32(A, id, B, (const float*)s_data,
+                                          fmt == kExpertsUint4 ? (const uint8_t*)s2_data : nullptr, Y, T, k, a_slots,
+                                          E, N, K, block);
+      break;
     default:
       status = qo_matmul_experts_int8_f32(A, id, (const int8_t*)B, (const float*)s_data, b_scale.elements(), Y, T, k,
                                           a_slots, E, N, K);
@@ -577,7 +607,7 @@ std::vector<QoExpertsOp>& ExpertOps() {
   static std::vector<QoExpertsOp> ops = [] {
     std::vector<QoExpertsOp> list;
 #if defined(QO_WITH_CPU)
-    for (int fmt : {QO_FMT_MXFP4, QO_FMT_NVFP4, QO_FMT_FP8, QO_FMT_INT8}) {
+    for (int fmt : {int(QO_FMT_MXFP4), int(QO_FMT_NVFP4), int(QO_FMT_FP8), int(QO_FMT_INT8), kExpertsUint4, kExpertsInt4}) {
       QoExpertsOp op{};
       static_cast<OrtCustomOp&>(op) = MakeOp(OpKind::kMxfp4, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, false);
       op.GetName = ExpertsName;

@@ -8,7 +8,10 @@
  * grouped GEMM), through qo_cpu_weight_rows_f32: the dense kernels' own code and summation order. A row's result
  * does not depend on M or on the row block (qo_kernels.h), so each output equals the dense op on that expert bit for
  * bit. Tasks are (expert, block of weight rows): 16 rows when the expert has <= 4 rows of A (GEMV), 48 above (the
- * decoded-panel GEMM), run through ORT's intra-op pool when the ORT layer set it (qo_cpu_parallel_for). */
+ * decoded-panel GEMM), run through ORT's intra-op pool when the ORT layer set it (qo_cpu_parallel_for).
+ * 4-bit integer experts (QO_FMT_INT4, MatMulExpertsUint4 / Int4) go through qo_cpu_int4_rows_f32 instead (the
+ * dense MatMulUint4 kernel's code and 32-lane order); its SIMD paths read A reordered for their lanes, prepared once
+ * per expert before the tasks run (qo_cpu_int4_prepare_a). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +34,12 @@ typedef struct {
   const float* scale_2;   /* NVFP4: [E] */
   const float* col_scale; /* FP8 / INT8: [E] or [E, N] */
   int64_t col_count;      /* per expert: 1 or N */
+  const float* scales;    /* INT4: group scales, s_count floats per expert */
+  int64_t s_count;
+  const uint8_t* zp;      /* INT4: zero points, zp_bytes per expert, or NULL (8) */
+  int64_t zp_bytes, block;
+  float* a_prep;          /* INT4: each expert's rows of a_rows prepared for the SIMD paths (from prep_offset[e]) */
+  int64_t* prep_offset;   /* [E] */
   const int64_t* offset;  /* [E + 1]: the expert's first row in a_rows / y_rows */
   const float* a_rows;    /* [T * k, K], sorted by expert */
   float* y_rows;          /* [T * k, N], sorted by expert */
@@ -42,6 +51,14 @@ static void expert_task(void* data, size_t index) {
   qo_experts_job* job = (qo_experts_job*)data;
   const qo_expert_task* t = &job->tasks[index];
   const int64_t e = t->expert, r0 = job->offset[e], M = job->offset[e + 1] - r0;
+  if (job->fmt == QO_FMT_INT4) {
+    const int status = qo_cpu_int4_rows_f32(
+        job->a_rows + r0 * job->K, job->a_prep ? job->a_prep + job->prep_offset[e] : NULL, M, job->N, job->K,
+        job->B + e * job->b_bytes, job->scales + e * job->s_count, job->zp ? job->zp + e * job->zp_bytes : NULL,
+        job->block, t->n0, t->n1, job->y_rows + r0 * job->N);
+    if (status != QO_OK) job->failed = status;
+    return;
+  }
   const int status = qo_cpu_weight_rows_f32(
       job->fmt, job->a_rows + r0 * job->K, M, job->N, job->K, job->B + e * job->b_bytes,
       job->B_scale ? job->B_scale + e * job->s_bytes : NULL, job->scale_2 ? job->scale_2[e] : 0.0f,
@@ -66,6 +83,8 @@ static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, 
   float* y_rows = (float*)malloc(sizeof(float) * (size_t)(pairs * N));
   qo_expert_task* tasks = NULL;
   int status = QO_ERR_ALLOC;
+  int64_t* prep_offset = NULL;
+  float* a_prep = NULL;
   if (!offset || !order || !fill || !a_rows || !y_rows) goto done;
   for (int64_t p = 0; p < pairs; ++p) ++offset[ids[p] + 1];
   for (int64_t e = 0; e < E; ++e) offset[e + 1] += offset[e];
@@ -74,6 +93,25 @@ static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, 
   for (int64_t r = 0; r < pairs; ++r) {
     const int64_t p = order[r], src = a_slots == 1 ? p / k : p;
     memcpy(a_rows + r * K, A + src * K, sizeof(float) * (size_t)K);
+  }
+  if (job->fmt == QO_FMT_INT4) { /* the 4-bit kernel's A, prepared once per expert (not once per task) */
+    int64_t floats = 0;
+    prep_offset = (int64_t*)malloc(sizeof(int64_t) * (size_t)E);
+    if (!prep_offset) goto done;
+    for (int64_t e = 0; e < E; ++e) {
+      prep_offset[e] = floats;
+      floats += qo_cpu_int4_prepared_floats(offset[e + 1] - offset[e], K, job->block);
+    }
+    if (floats) {
+      a_prep = (float*)malloc(sizeof(float) * (size_t)floats + 64);
+      if (!a_prep) goto done;
+      for (int64_t e = 0; e < E; ++e)
+        if (offset[e + 1] > offset[e])
+          qo_cpu_int4_prepare_a(a_rows + offset[e] * K, offset[e + 1] - offset[e], K, job->block,
+                                a_prep + prep_offset[e]);
+    }
+    job->a_prep = a_prep;
+    job->prep_offset = prep_offset;
   }
   int64_t count = 0;
   for (int64_t e = 0; e < E; ++e) {
@@ -109,6 +147,8 @@ done:
   free(a_rows);
   free(y_rows);
   free(tasks);
+  free(prep_offset);
+  free(a_prep);
   return status;
 }
 
@@ -163,4 +203,18 @@ int qo_matmul_experts_int8_f32(const float* A, const int64_t* expert_ids, const 
                                int64_t b_scale_count, float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E,
                                int64_t N, int64_t K) {
   return scaled_experts(QO_FMT_INT8, A, expert_ids, B, B_scale, b_scale_count, Y, T, k, a_slots, E, N, K);
+}
+
+int qo_matmul_experts_int4_f32(const float* A, const int64_t* expert_ids, const uint8_t* B, const float* scales,
+                               const uint8_t* zero_points, float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E,
+                               int64_t N, int64_t K, int64_t block_size) {
+  if (!scales || K <= 0 || block_size < 16 || (block_size & (block_size - 1))) return QO_ERR_ARGUMENT;
+  const int64_t k_blocks = (K + block_size - 1) / block_size;
+  qo_experts_job job = job_of(QO_FMT_INT4, B, N * k_blocks * block_size / 2, NULL, 0, N, K);
+  job.scales = scales;
+  job.s_count = N * k_blocks;
+  job.zp = zero_points;
+  job.zp_bytes = N * ((k_blocks + 1) / 2);
+  job.block = block_size;
+  return run_experts(&job, A, expert_ids, Y, T, k, a_slots, E);
 }

@@ -550,10 +550,8 @@ static int pick_path(int64_t block) {
 #endif
 }
 
-static void i4_task(void* data, size_t t) {
-  i4_job* j = (i4_job*)data;
-  const int64_t n0 = (int64_t)t * j->rows_per_task;
-  const int64_t n1 = n0 + j->rows_per_task < j->N ? n0 + j->rows_per_task : j->N;
+/* weight rows [n0, n1) of the job on the calling thread, on its path */
+static void run_rows(i4_job* j, int64_t n0, int64_t n1) {
 #if QO_I4_X86
   const int gemv = j->M <= I4_GEMV_MAX_M;
   if (j->path == I4_AVX512) {
@@ -568,18 +566,21 @@ static void i4_task(void* data, size_t t) {
   portable_task(j, n0, n1);
 }
 
-int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* scales, const uint8_t* zero_points, float* Y,
-                       int64_t M, int64_t N, int64_t K, int64_t block_size) {
-  if (!A || !B || !scales || !Y || M < 0 || N < 0 || K < 0 || block_size < 16 || (block_size & (block_size - 1)))
-    return QO_ERR_ARGUMENT;
-  if (M == 0 || N == 0) return QO_OK;
+static void i4_task(void* data, size_t t) {
+  i4_job* j = (i4_job*)data;
+  const int64_t n0 = (int64_t)t * j->rows_per_task;
+  const int64_t n1 = n0 + j->rows_per_task < j->N ? n0 + j->rows_per_task : j->N;
+  run_rows(j, n0, n1);
+}
+
+/* the job of one weight (no A yet); its path picked now */
+static i4_job job_of(const uint8_t* B, const float* scales, const uint8_t* zero_points, int64_t M, int64_t N,
+                     int64_t K, int64_t block_size) {
   i4_job j;
   memset(&j, 0, sizeof j);
-  j.A = A;
   j.B = B;
   j.scales = scales;
   j.zp = zero_points;
-  j.Y = Y;
   j.M = M;
   j.N = N;
   j.K = K;
@@ -589,13 +590,69 @@ int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* scales, co
   j.zp_row_bytes = (j.k_blocks + 1) / 2;
   j.Kc = (K + 31) / 32 * 32;
   j.path = pick_path(block_size);
+  if (j.path != I4_PORTABLE) j.Kc = j.k_blocks * block_size; /* block % 32 == 0 here */
+  return j;
+}
+
+int64_t qo_cpu_int4_prepared_floats(int64_t M, int64_t K, int64_t block_size) {
+  const i4_job j = job_of(NULL, NULL, NULL, M, 0, K, block_size);
+  return j.path == I4_PORTABLE ? 0 : M * j.Kc;
+}
+
+/* the rows entry point runs up to I4_CHUNKED_GEMV_MAX_M activation rows as GEMVs of <= 4 rows each (the weight
+ * decoded in registers once per chunk) rather than decoding it to a float32 panel for a few rows (an expert's rows
+ * at prefill: about k T / E); the same bits either way */
+#ifndef I4_CHUNKED_GEMV_MAX_M
+#define I4_CHUNKED_GEMV_MAX_M 16 /* measured (T = 128 and 512 tokens, top-8 of 128 experts [768, 2048]): chunks win to ~24 rows, the panel from ~32 */
+#endif
+
+void qo_cpu_int4_prepare_a(const float* A, int64_t M, int64_t K, int64_t block_size, float* prepared) {
+  const i4_job j = job_of(NULL, NULL, NULL, M, 0, K, block_size);
+  if (j.path != I4_PORTABLE) deinterleave_a(A, M, K, j.Kc, M <= I4_CHUNKED_GEMV_MAX_M ? j.Kc : I4_KC, prepared);
+}
+
+int qo_cpu_int4_rows_f32(const float* A, const float* prepared, int64_t M, int64_t N, int64_t K, const uint8_t* B,
+                         const float* scales, const uint8_t* zero_points, int64_t block_size, int64_t n0, int64_t n1,
+                         float* Y) {
+  if (!A || !B || !scales || !Y || M < 0 || K <= 0 || n0 < 0 || n1 > N || block_size < 16 ||
+      (block_size & (block_size - 1)))
+    return QO_ERR_ARGUMENT;
+  i4_job j = job_of(B, scales, zero_points, M, N, K, block_size);
+  if (j.path != I4_PORTABLE && !prepared) return QO_ERR_ARGUMENT;
+  j.A = A;
+  j.ad = prepared;
+  j.Y = Y;
+  if (M > I4_GEMV_MAX_M && M <= I4_CHUNKED_GEMV_MAX_M && j.path != I4_PORTABLE) {
+    for (int64_t m0 = 0; m0 < M && n0 < n1; m0 += I4_GEMV_MAX_M) {
+      i4_job c = j;
+      c.M = M - m0 < I4_GEMV_MAX_M ? M - m0 : I4_GEMV_MAX_M;
+      c.A = A + m0 * K;
+      c.ad = prepared + m0 * j.Kc;
+      c.Y = Y + m0 * N;
+      run_rows(&c, n0, n1);
+      if (c.failed) j.failed = c.failed;
+    }
+  } else if (M > 0 && n0 < n1) {
+    run_rows(&j, n0, n1);
+  }
+  return j.failed ? QO_ERR_ALLOC : QO_OK;
+}
+
+int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* scales, const uint8_t* zero_points, float* Y,
+                       int64_t M, int64_t N, int64_t K, int64_t block_size) {
+  if (!A || !B || !scales || !Y || M < 0 || N < 0 || K < 0 || block_size < 16 || (block_size & (block_size - 1)))
+    return QO_ERR_ARGUMENT;
+  if (M == 0 || N == 0) return QO_OK;
+  i4_job j = job_of(B, scales, zero_points, M, N, K, block_size);
+  j.A = A;
+  j.Y = Y;
   j.rows_per_task = M <= I4_GEMV_MAX_M ? I4_GEMV_ROWS : I4_PANEL_ROWS;
   float* ad = NULL;
-  if (j.path != I4_PORTABLE) {
-    j.Kc = j.k_blocks * block_size; /* block % 32 == 0 here */
-    ad = (float*)malloc(sizeof(float) * (size_t)(M * j.Kc) + 64);
+  const int64_t ad_floats = qo_cpu_int4_prepared_floats(M, K, block_size);
+  if (ad_floats) {
+    ad = (float*)malloc(sizeof(float) * (size_t)ad_floats + 64);
     if (!ad) return QO_ERR_ALLOC;
-    deinterleave_a(A, M, K, j.Kc, M <= I4_GEMV_MAX_M ? j.Kc : I4_KC, ad);
+    deinterleave_a(A, M, K, j.Kc, M <= I4_GEMV_MAX_M ? j.Kc : I4_KC, ad); /* this op: the panel layout above 4 rows */
     j.ad = ad;
   }
   if (K == 0 || j.k_blocks == 0) {

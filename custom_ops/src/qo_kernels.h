@@ -103,6 +103,12 @@ QO_API int qo_matmul_experts_fp8_f32(const float* A, const int64_t* expert_ids, 
 QO_API int qo_matmul_experts_int8_f32(const float* A, const int64_t* expert_ids, const int8_t* B, const float* B_scale,
                                       int64_t b_scale_count, float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E,
                                       int64_t N, int64_t K);
+/* 4-bit integer experts (MatMulExpertsUint4 / MatMulExpertsInt4): B uint8 [E, N, ceil(K/block), block/2], scales
+ * float [E, N, ceil(K/block)], zero_points uint8 [E, N, ceil(ceil(K/block)/2)] or NULL (8): each expert in
+ * qo_matmul_int4_f32's layout and arithmetic (its 32-lane order, not the 8-lane one above). */
+QO_API int qo_matmul_experts_int4_f32(const float* A, const int64_t* expert_ids, const uint8_t* B, const float* scales,
+                                      const uint8_t* zero_points, float* Y, int64_t T, int64_t k, int64_t a_slots,
+                                      int64_t E, int64_t N, int64_t K, int64_t block_size);
 
 /* ---- CPU parallel loop (not exported: for the ORT layer in the same library). By default the CPU kernels split
  * their work with OpenMP; a runner set on the calling thread replaces that, e.g. with ORT's intra-op thread pool
@@ -121,10 +127,19 @@ int qo_cpu_parallel_for(qo_task_fn task, size_t total, void* data);
  * rows A [M, K], on the calling thread, with the qo_matmul_* kernels' summation order (so each output equals theirs
  * bit for bit); Y [M, N] row-major, only columns n0..n1-1 written. B / B_scale as the dense ops take them; B_scale_2:
  * NVFP4's global scale; col_scale [col_scale_count] (1 or N, FP8/INT8) or NULL. ---- */
-enum { QO_FMT_FP8 = 0, QO_FMT_INT8 = 1, QO_FMT_MXFP4 = 3, QO_FMT_NVFP4 = 4 };
+enum { QO_FMT_FP8 = 0, QO_FMT_INT8 = 1, QO_FMT_MXFP4 = 3, QO_FMT_NVFP4 = 4, QO_FMT_INT4 = 5 };
 int qo_cpu_weight_rows_f32(int fmt, const float* A, int64_t M, int64_t N, int64_t K, const uint8_t* B,
                            const uint8_t* B_scale, float B_scale_2, const float* col_scale, int64_t col_scale_count,
                            int64_t n0, int64_t n1, float* Y);
+/* The same for a 4-bit weight (qo_cpu_int4.c; QO_FMT_INT4 is not a qo_cpu_weight_rows_f32 format): B / scales /
+ * zero_points as qo_matmul_int4_f32 takes them. Its SIMD paths read A prepared once per A (the rows reordered for
+ * their lanes): qo_cpu_int4_prepared_floats(M, K, block) floats (0: the path reads A itself, prepared may be NULL),
+ * written by qo_cpu_int4_prepare_a; A and prepared must hold the same rows. */
+int64_t qo_cpu_int4_prepared_floats(int64_t M, int64_t K, int64_t block_size);
+void qo_cpu_int4_prepare_a(const float* A, int64_t M, int64_t K, int64_t block_size, float* prepared);
+int qo_cpu_int4_rows_f32(const float* A, const float* prepared, int64_t M, int64_t N, int64_t K, const uint8_t* B,
+                         const float* scales, const uint8_t* zero_points, int64_t block_size, int64_t n0, int64_t n1,
+                         float* Y);
 
 /* ---- GPU (CUDA or HIP, whichever the library was built for; all pointers are device pointers, `stream` is a
  * cudaStream_t / hipStream_t or NULL). A_scale is a device pointer to one float. The dyn variant needs a device
