@@ -230,6 +230,8 @@ def choose_quantized_attention(model_plan, ckpt):
                         "on AVX2 and AVX-512 CPUs (attention=fused for ORT's Softmax)" if fixed else ""))
         model_plan.search_extras["past_present_share_buffer"] = False
         return _explicit_fp8(scales, getattr(model_plan.family, "head_norms", None), fixed_softmax=fixed)
+    native = ("kv_cache=native stores a real float8 cache instead (quantized after RoPE, opt-in)"
+              if "fp8" in model_plan.ep.gqa_kv_quant else f"{ep} has no native FP8 GroupQueryAttention cache")
     if has_kv and fixed:
         why_not = explicit_attention_supported(model_plan)
         if why_not is None:
@@ -237,15 +239,13 @@ def choose_quantized_attention(model_plan, ckpt):
                          "quantize-dequantized with k_proj/v_proj.output_scale before RoPE, fixed-order softmax "
                          "(ReduceMax, Exp, ReduceSum, Div) instead of GroupQueryAttention's ISA-dependent one; the "
                          "logits are the same on AVX2 and AVX-512 CPUs (attention=fused for GroupQueryAttention); "
-                         "genai past_present_share_buffer=false")
+                         f"genai past_present_share_buffer=false; {native}")
             model_plan.search_extras["past_present_share_buffer"] = False
             return _explicit_fp8(scales, fixed_softmax=True)
         if attention_form(model_plan) == "explicit":
             raise ConversionError(f"attention=explicit is not supported here ({why_not})",
                                   field="--extra_options attention", value="explicit", accepted="auto, fused")
     if has_kv:
-        native = ("kv_cache=native stores a real float8 cache instead (quantized after RoPE, opt-in)"
-                  if "fp8" in model_plan.ep.gqa_kv_quant else f"{ep} has no native FP8 GroupQueryAttention cache")
         notes.append(f"FP8 KV cache emulated on {ep}: K and V are quantize-dequantized with k_proj/v_proj."
                      "output_scale before GroupQueryAttention (numerics of an FP8 cache; cache stored in the io "
                      f"dtype); {native}")
