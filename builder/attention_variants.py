@@ -304,7 +304,8 @@ def explicit_attention_supported(model_plan) -> str | None:
 @register_chooser
 def choose_isa_fixed_attention(model_plan, ckpt):
     """attention=explicit (CPU default where isa_sensitive_activations): the explicit subgraph with the fixed-order
-    softmax; registered after choose_quantized_attention, so FP8 KV / attention checkpoints keep their forms."""
+    softmax; registered after choose_quantized_attention, which builds FP8 KV / attention checkpoints' forms (with
+    the fixed-order softmax where fixed_softmax_wanted) itself."""
     form = attention_form(model_plan)
     if not fixed_softmax_wanted(model_plan):
         return None
