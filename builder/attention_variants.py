@@ -12,12 +12,17 @@
 - FP8 attention (q_proj.output_scale and/or self_attn.prob_output_scale): explicit MatMul/Softmax subgraph with QDQ
   (builder/ops/fp8_attention.py), chosen automatically; `fp8_attention=off` keeps fused GQA and ignores those scales
   (with a note), still emulating the FP8 KV cache.
-- ISA-fixed attention (`attention=explicit`; the CPU default for INT8 and dynamic per-token FP8 activations): the
-  same explicit subgraph without Q/DQ, its softmax as ReduceMax/Sub/Exp/ReduceSum/Div (ops/fp8_attention.py,
-  softmax_fixed_order). GroupQueryAttention's softmax sums in MLAS's ISA-dependent order (16 lanes on AVX-512, 8 on
-  AVX2), and an INT8 or per-token FP8 activation quantizer after it turns those ulps into other codes: on
+- ISA-fixed attention (`attention=explicit`; the CPU default for every scheme with quantized activations: INT8,
+  FP8 static or per-token, MXFP4, NVFP4): the same explicit subgraph, its softmax as ReduceMax/Sub/Exp/ReduceSum/Div
+  (ops/fp8_attention.py, softmax_fixed_order); with an FP8 KV cache it keeps QDQ(k), QDQ(v) before RoPE, with FP8
+  attention it keeps every Q/DQ (the probabilities' after the fixed-order softmax; FP8 attention takes the fixed
+  order on cpu whatever the linears' activations, its probability quantizer reading the softmax directly).
+  GroupQueryAttention's softmax (and ORT's Softmax) sums in MLAS's ISA-dependent order (16 lanes on AVX-512, 8 on
+  AVX2), and an activation quantizer after it turns those ulps into other codes: on
   SmolLM2-135M the logits differed by 9.25 (INT8) and 2.72 (PTPC) between AVX-512 and AVX2 (issue 21,
-  docs/real_model_numerics.md). `attention=fused` keeps GroupQueryAttention.
+  docs/real_model_numerics.md). `attention=fused` keeps GroupQueryAttention (and ORT's Softmax in FP8 attention).
+  Weight-only and float schemes keep GroupQueryAttention under auto: no activation quantizer amplifies its ulps.
+  Families the explicit subgraph does not cover (explicit_attention_supported) keep GroupQueryAttention under auto.
 Options (BuildOptions): kv_cache auto|emulate|off|native, fp8_attention auto|off, attention auto|fused|explicit.
 """
 from __future__ import annotations
@@ -201,7 +206,14 @@ def choose_quantized_attention(model_plan, ckpt):
                      "self_attn.prob_output_scale are ignored (logits differ from Quark's FP8 attention)")
         scales = [LayerScales(k=s.k, v=s.v) for s in scales]
         has_attn = False
+    # on cpu, auto: FP8 attention's probability quantizer reads the softmax directly, so it takes the fixed order
+    # whatever the linears' activations
+    fixed = fixed_softmax_wanted(model_plan) or (has_attn and attention_form(model_plan) == "auto"
+                                                 and ep == "cpu")
     if opts.kv_cache == "native":
+        if attention_form(model_plan) == "explicit":
+            raise ConversionError("attention=explicit replaces GroupQueryAttention, which kv_cache=native needs",
+                                  field="--extra_options attention", value="explicit", accepted="auto, fused")
         check_native_kv(model_plan, scales, has_attn)
         notes.append(f"FP8 KV cache native on {ep} (kv_cache=native): GroupQueryAttention stores past/present as "
                      "float8e4m3fn with k_proj/v_proj.output_scale as k_scale/v_scale; it quantizes K AFTER RoPE "
@@ -213,12 +225,27 @@ def choose_quantized_attention(model_plan, ckpt):
     if has_attn:
         notes.append(f"FP8 attention: explicit MatMul/Softmax subgraph with Q/DQ of Q, K, V (before RoPE) and the "
                      f"softmax probabilities (checkpoint scales) on {ep}; KV cache holds the fake-quantized values "
-                     "in the io dtype; genai past_present_share_buffer=false")
+                     "in the io dtype; genai past_present_share_buffer=false"
+                     + ("; fixed-order softmax (ReduceMax, Exp, ReduceSum, Div) instead of ORT's Softmax, the same "
+                        "on AVX2 and AVX-512 CPUs (attention=fused for ORT's Softmax)" if fixed else ""))
         model_plan.search_extras["past_present_share_buffer"] = False
-        return _explicit_fp8(scales, getattr(model_plan.family, "head_norms", None))
+        return _explicit_fp8(scales, getattr(model_plan.family, "head_norms", None), fixed_softmax=fixed)
+    native = ("kv_cache=native stores a real float8 cache instead (quantized after RoPE, opt-in)"
+              if "fp8" in model_plan.ep.gqa_kv_quant else f"{ep} has no native FP8 GroupQueryAttention cache")
+    if has_kv and fixed:
+        why_not = explicit_attention_supported(model_plan)
+        if why_not is None:
+            notes.append(f"FP8 KV cache emulated on {ep} in the explicit attention subgraph: K and V are "
+                         "quantize-dequantized with k_proj/v_proj.output_scale before RoPE, fixed-order softmax "
+                         "(ReduceMax, Exp, ReduceSum, Div) instead of GroupQueryAttention's ISA-dependent one; the "
+                         "logits are the same on AVX2 and AVX-512 CPUs (attention=fused for GroupQueryAttention); "
+                         f"genai past_present_share_buffer=false; {native}")
+            model_plan.search_extras["past_present_share_buffer"] = False
+            return _explicit_fp8(scales, fixed_softmax=True)
+        if attention_form(model_plan) == "explicit":
+            raise ConversionError(f"attention=explicit is not supported here ({why_not})",
+                                  field="--extra_options attention", value="explicit", accepted="auto, fused")
     if has_kv:
-        native = ("kv_cache=native stores a real float8 cache instead (quantized after RoPE, opt-in)"
-                  if "fp8" in model_plan.ep.gqa_kv_quant else f"{ep} has no native FP8 GroupQueryAttention cache")
         notes.append(f"FP8 KV cache emulated on {ep}: K and V are quantize-dequantized with k_proj/v_proj."
                      "output_scale before GroupQueryAttention (numerics of an FP8 cache; cache stored in the io "
                      f"dtype); {native}")
@@ -229,17 +256,36 @@ def choose_quantized_attention(model_plan, ckpt):
 ATTENTION_FORMS = ("auto", "fused", "explicit")  # --extra_options attention
 
 
+FLOAT_ACTIVATIONS = ("bfloat16", "float16")  # a float "quantizer" on the input rounds, it picks no codes
+
+
 def isa_sensitive_activations(model_plan) -> bool:
-    """Some linear quantizes its input to INT8 (static) or to per-token dynamic FP8: the activation quantizers that
-    turned GroupQueryAttention's ISA-dependent ulps into different logits on SmolLM2-135M (issue 21)."""
+    """Some linear quantizes its input (INT8, FP8 static or dynamic, MXFP4, NVFP4, ...): an activation quantizer
+    turns GroupQueryAttention's ISA-dependent ulps into other codes, and those into other logits (issue 21: 9.25
+    for INT8 and 2.72 for per-token FP8 between AVX-512 and AVX2 on SmolLM2-135M). Weight-only and float schemes
+    carry those ulps through unamplified and keep GroupQueryAttention."""
     for lp in model_plan.linears.values():
         spec = lp.spec
         if spec is None or not spec.input_tensors:
             continue
-        a = spec.input_tensors[0]
-        if a.dtype in ("int8", "uint8") or (a.dtype.startswith("fp8") and a.is_dynamic and a.qscheme == "per_channel"):
+        if any(a.dtype not in FLOAT_ACTIVATIONS for a in spec.input_tensors):
             return True
     return False
+
+
+def attention_form(model_plan) -> str:
+    form = model_plan.options.extra.get("attention", "auto")
+    if form not in ATTENTION_FORMS:
+        raise ConversionError("unknown attention value", field="--extra_options attention", value=form,
+                              accepted=", ".join(ATTENTION_FORMS))
+    return form
+
+
+def fixed_softmax_wanted(model_plan) -> bool:
+    """attention=explicit, or auto on cpu with quantized activations: the fixed-order softmax."""
+    form = attention_form(model_plan)
+    return form == "explicit" or (form == "auto" and model_plan.ep.name == "cpu"
+                                  and isa_sensitive_activations(model_plan))
 
 
 def explicit_attention_supported(model_plan) -> str | None:
@@ -258,13 +304,10 @@ def explicit_attention_supported(model_plan) -> str | None:
 @register_chooser
 def choose_isa_fixed_attention(model_plan, ckpt):
     """attention=explicit (CPU default where isa_sensitive_activations): the explicit subgraph with the fixed-order
-    softmax; registered after choose_quantized_attention, so FP8 KV / attention checkpoints keep their forms."""
-    form = model_plan.options.extra.get("attention", "auto")
-    if form not in ATTENTION_FORMS:
-        raise ConversionError("unknown attention value", field="--extra_options attention", value=form,
-                              accepted=", ".join(ATTENTION_FORMS))
-    if form == "fused" or (form == "auto" and not (model_plan.ep.name == "cpu"
-                                                    and isa_sensitive_activations(model_plan))):
+    softmax; registered after choose_quantized_attention, which builds FP8 KV / attention checkpoints' forms (with
+    the fixed-order softmax where fixed_softmax_wanted) itself."""
+    form = attention_form(model_plan)
+    if not fixed_softmax_wanted(model_plan):
         return None
     why_not = explicit_attention_supported(model_plan)
     if why_not is not None:

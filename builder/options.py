@@ -118,7 +118,7 @@ OPTIONS: dict[str, Option] = {
                        "FP8 KV cache (k_proj/v_proj.output_scale): auto|emulate|off|native"),
     "fp8_attention": Option(choice("auto", "off"), _has_fp8_attention, "FP8 attention subgraph: auto|off"),
     "attention": Option(_choices_of(("builder.attention_variants", "ATTENTION_FORMS")), _has_standard_attention,
-                        "attention form: auto (CPU with INT8 or per-token FP8 activations: explicit, else fused) | "
+                        "attention form: auto (CPU with quantized activations: explicit, else fused) | "
                         "fused (GroupQueryAttention) | explicit (MatMul subgraph with a fixed-order softmax: the same "
                         "logits on AVX2 and AVX-512 CPUs)"),
     "mx_activations": Option(_choices_of(("builder.quant.mxfp4", "MX_ACTIVATION_OPTIONS")), _has_fp4,

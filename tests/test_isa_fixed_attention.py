@@ -1,12 +1,15 @@
-"""The CPU default attention for INT8 and per-token FP8 (PTPC) activations: an explicit MatMul subgraph whose softmax
-is ReduceMax/Sub/Exp/ReduceSum/Div, not GroupQueryAttention (issue 21).
+"""The CPU default attention for every scheme with quantized activations (INT8, per-token FP8 (PTPC), static FP8
+with and without FP8 KV / FP8 attention, MXFP4, NVFP4): an explicit MatMul subgraph whose softmax is
+ReduceMax/Sub/Exp/ReduceSum/Div, not GroupQueryAttention or ORT's Softmax (issue 21).
 
-Why: GroupQueryAttention's softmax (MLAS MlasComputeSoftmax) sums the exponentials in 16 lanes on AVX-512 and 8 on
-AVX2, so rows longer than 16 keys differ by a few ulp between CPUs (tools/isa_op_outputs.py, native AVX-512 vs
-QEMU Haswell); an INT8 or per-token FP8 activation quantizer after the attention turned those ulps into other codes,
-and the real SmolLM2-135M logits differed by 9.25 (INT8) and 2.72 (PTPC) between the two (tools/isa_op_diff.py found
-GroupQueryAttention as the first differing node; docs/real_model_numerics.md). These tests hold the graph to the
-form measured bit-identical; the numerics against Quark's emulation stay in test_int8_w8a8.py / test_fp8_w8a8.py.
+Why: GroupQueryAttention's softmax (MLAS MlasComputeSoftmax, also ORT's Softmax) sums the exponentials in 16 lanes on
+AVX-512 and 8 on AVX2, so rows longer than 16 keys differ by a few ulp between CPUs (tools/isa_op_outputs.py, native
+AVX-512 vs QEMU Haswell); an INT8 or per-token FP8 activation quantizer after the attention turned those ulps into
+other codes, and the real SmolLM2-135M logits differed by 9.25 (INT8) and 2.72 (PTPC) between the two
+(tools/isa_op_diff.py found GroupQueryAttention as the first differing node; docs/real_model_numerics.md). The
+other activation quantizers (FP8, FP4) are as exposed, only coarser. These tests hold the graph to the form measured
+bit-identical; the numerics against Quark's emulation stay in the scheme's own tests (test_int8_w8a8.py,
+test_fp8_w8a8.py, test_mxfp4_model.py, test_nvfp4_model.py).
 """
 from __future__ import annotations
 
@@ -22,13 +25,15 @@ from builder.convert import convert
 from builder.emit_context import BuildOptions
 from builder.errors import ConversionError
 
-QUARK_EXPORTS = [("llama_h64", r) for r in ("int8_w8a8", "ptpc_fp8", "fp8_w8a8_kv")]
+ACTIVATION_QUANTIZED = ("int8_w8a8", "ptpc_fp8", "fp8_w8a8", "fp8_w8a8_kv", "fp8_w8a8_kv_attn", "mxfp4", "nvfp4")
+RECIPES = ACTIVATION_QUANTIZED + ("uint4_g64_kv",)
+QUARK_EXPORTS = [("llama_h64", r) for r in RECIPES]
 ISA_DEPENDENT = ("GroupQueryAttention", "Softmax")  # ORT CPU ops whose softmax sum order depends on the ISA
 
 
 @pytest.fixture(scope="module")
 def exports(quark_exports):
-    return dict(zip(("int8_w8a8", "ptpc_fp8", "fp8_w8a8_kv"), quark_exports.many(QUARK_EXPORTS)))
+    return dict(zip(RECIPES, quark_exports.many(QUARK_EXPORTS)))
 
 
 def _optimized_ops(model_dir, tmp_path) -> set[str]:
@@ -43,7 +48,7 @@ def _optimized_ops(model_dir, tmp_path) -> set[str]:
     return {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node}
 
 
-@pytest.mark.parametrize("recipe", ["int8_w8a8", "ptpc_fp8"])
+@pytest.mark.parametrize("recipe", ACTIVATION_QUANTIZED)
 def test_cpu_default_has_no_isa_dependent_attention(exports, recipe, tmp_path):
     out = tmp_path / "cpu"
     plan = convert(exports[recipe] / "quark", out, "cpu", log=lambda m: None)
@@ -70,12 +75,35 @@ def test_fused_option_keeps_gqa_and_agrees(exports, recipe, tmp_path):
     assert np.abs(a - b).max() < 0.02, np.abs(a - b).max()
 
 
-def test_static_fp8_keeps_gqa_unless_asked(exports, tmp_path):
-    """auto changes INT8 / per-token FP8 graphs only: static FP8 + KV keeps GroupQueryAttention (its coarse fp8
-    activation codes absorbed the softmax's ulps: bit-identical across ISAs on SmolLM2-135M)."""
-    src = exports["fp8_w8a8_kv"] / "quark"
+def test_fused_option_keeps_ort_attention(exports, tmp_path):
+    """attention=fused: GroupQueryAttention for static FP8 + KV, ORT's Softmax in the FP8 attention subgraph."""
+    fused = BuildOptions(extra={"attention": "fused"}, given=("attention",))
+    convert(exports["fp8_w8a8_kv"] / "quark", tmp_path / "kv", "cpu", options=fused, log=lambda m: None)
+    assert "GroupQueryAttention" in op_types(tmp_path / "kv")
+    convert(exports["fp8_w8a8_kv_attn"] / "quark", tmp_path / "attn", "cpu", options=fused, log=lambda m: None)
+    ops = op_types(tmp_path / "attn")
+    assert ops.get("Softmax") == 2 and "GroupQueryAttention" not in ops and "Exp" not in ops
+
+
+def test_kv_explicit_keeps_fp8_kv_quantizers(exports, tmp_path):
+    """static FP8 + KV on cpu: K and V still quantize-dequantized (before RoPE) in the explicit subgraph."""
+    convert(exports["fp8_w8a8_kv"] / "quark", tmp_path / "o", "cpu", log=lambda m: None)
+    names = [n.name for n in onnx.load(str(tmp_path / "o" / "model.onnx"), load_external_data=False).graph.node]
+    for i in range(2):
+        for proj in ("k", "v"):
+            assert any(n.startswith(f"/model/layers.{i}/attn/{proj}_quant") for n in names), (i, proj)
+
+
+def test_weight_only_keeps_gqa(exports, tmp_path):
+    """auto leaves weight-only schemes (no activation quantizer to turn ulps into codes) on GroupQueryAttention,
+    also with an FP8 KV cache; attention=explicit still gives them the fixed-order form."""
+    src = exports["uint4_g64_kv"] / "quark"
     convert(src, tmp_path / "auto", "cpu", log=lambda m: None)
     assert "GroupQueryAttention" in op_types(tmp_path / "auto")
+    convert(src, tmp_path / "explicit", "cpu", options=BuildOptions(extra={"attention": "explicit"},
+                                                                      given=("attention",)), log=lambda m: None)
+    ops = op_types(tmp_path / "explicit")
+    assert not set(ops) & set(ISA_DEPENDENT) and ops["Exp"] == 2
 
 
 def test_unknown_attention_value_refused(exports, tmp_path):

@@ -64,7 +64,8 @@ def test_fp8_kv_and_attention_quantize_before_the_head_norms(quark_exports, tmp_
     ops = op_types(out)
     assert ops["SimplifiedLayerNormalization"] == 1 + 2 * LAYERS  # first input_layernorm + q/k norms
     if recipe.endswith("attn"):
-        assert "GroupQueryAttention" not in ops and ops["Softmax"] == LAYERS
+        # cpu: the fixed-order softmax in front of the probability quantizer (issue 21)
+        assert "GroupQueryAttention" not in ops and "Softmax" not in ops and ops["Exp"] == LAYERS
     else:
         assert ops["GroupQueryAttention"] == LAYERS
     # each layer: QDQ(k_proj output) feeds k_norm's Reshape (the norm follows the quantizer, as in Quark)
