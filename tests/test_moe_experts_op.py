@@ -36,10 +36,12 @@ INT4_CASES = [("qwen3_moe", "uint4_g32"), ("qwen3_moe", "int4_per_channel"), ("m
 INT4_OP = {"uint4_g32": "MatMulExpertsUint4", "int4_per_channel": "MatMulExpertsInt4"}
 
 
+QUARK_EXPORTS = CASES + [INT8_FLIP] + INT4_CASES  # made with the session's other exports (tests/conftest.py)
+
+
 @pytest.fixture(scope="module")
 def exports(quark_exports):
-    keys = CASES + [INT8_FLIP] + INT4_CASES
-    return dict(zip(keys, quark_exports.many(keys)))
+    return dict(zip(QUARK_EXPORTS, quark_exports.many(QUARK_EXPORTS)))
 
 
 def _logits(model_dir, ids, threads: int, library: str) -> np.ndarray:
