@@ -44,6 +44,23 @@ def exports(quark_exports):
     return dict(zip(QUARK_EXPORTS, quark_exports.many(QUARK_EXPORTS)))
 
 
+def _check_against_quark(out, ref, library: str, op: str, label: str) -> None:
+    """The experts op's model against Quark's logits and greedy tokens: 1 and 2 threads the same bits, the kernel
+    (profiled: `op` ran on CPU) and the ONNX-function fallback within LOGIT_TOL, og greedy equal."""
+    ids = ref["input_ids"]
+    one, two = (_logits(out, ids, t, library) for t in (1, 2))
+    assert np.array_equal(one, two)
+    profiled: list = []
+    diffs = {"kernel": float(np.abs(prompt_logits(out, ids, profile_nodes=profiled) - ref["logits"]).max()),
+             "kernel 1 thread": float(np.abs(one - ref["logits"]).max()),
+             "function fallback": float(np.abs(prompt_logits(out, ids, custom_ops_library="") - ref["logits"]).max())}
+    print(f"\n{label}: max logit diff vs Quark {diffs}")  # docs/moe.md's table (pytest -s)
+    assert max(diffs.values()) <= LOGIT_TOL, diffs
+    assert (op, "CPUExecutionProvider") in profiled
+    assert decisive_prefix(ref["greedy_margins"], LOGIT_TOL) == NEW_TOKENS, "reference has a near-tie"
+    assert genai_greedy(out, ids) == ref["greedy"].tolist()
+
+
 def _logits(model_dir, ids, threads: int, library: str) -> np.ndarray:
     so = ort.SessionOptions()
     so.log_severity_level = 3
@@ -70,18 +87,7 @@ def test_experts_op_form_matches_quark(exports, tmp_path, shape, recipe):
     assert "If" not in ops and "QMoE" not in ops
     if recipe in ("nvfp4", "int8_w8a8"):  # the routed node's inputs: the stacked initializers in the dense op's layout
         _check_stacks(out, OP[recipe], SPARSE[shape] * PROJECTIONS.get(shape, 3))
-    ids = ref["input_ids"]
-    one, two = (_logits(out, ids, t, library) for t in (1, 2))
-    assert np.array_equal(one, two)
-    profiled: list = []
-    diffs = {"kernel": float(np.abs(prompt_logits(out, ids, profile_nodes=profiled) - ref["logits"]).max()),
-             "kernel 1 thread": float(np.abs(one - ref["logits"]).max()),
-             "function fallback": float(np.abs(prompt_logits(out, ids, custom_ops_library="") - ref["logits"]).max())}
-    print(f"\n{shape} {recipe}: max logit diff vs Quark {diffs}")  # docs/moe.md's table (pytest -s)
-    assert max(diffs.values()) <= LOGIT_TOL, diffs
-    assert (OP[recipe], "CPUExecutionProvider") in profiled
-    assert decisive_prefix(ref["greedy_margins"], LOGIT_TOL) == NEW_TOKENS, "reference has a near-tie"
-    assert genai_greedy(out, ids) == ref["greedy"].tolist()
+    _check_against_quark(out, ref, library, OP[recipe], f"{shape} {recipe}")
 
 
 @pytest.mark.parametrize("shape,recipe", INT4_CASES, ids=[f"{s}-{r}" for s, r in INT4_CASES])
@@ -97,18 +103,7 @@ def test_int4_experts_compact_matches_quark(exports, tmp_path, shape, recipe):
     ops = op_types(out)
     assert ops.get(INT4_OP[recipe]) == SPARSE[shape] * PROJECTIONS.get(shape, 3), ops
     assert "If" not in ops and "QMoE" not in ops
-    ids = ref["input_ids"]
-    one, two = (_logits(out, ids, t, library) for t in (1, 2))
-    assert np.array_equal(one, two)
-    profiled: list = []
-    diffs = {"kernel": float(np.abs(prompt_logits(out, ids, profile_nodes=profiled) - ref["logits"]).max()),
-             "kernel 1 thread": float(np.abs(one - ref["logits"]).max()),
-             "function fallback": float(np.abs(prompt_logits(out, ids, custom_ops_library="") - ref["logits"]).max())}
-    print(f"\n{shape} {recipe} int4_experts=compact: max logit diff vs Quark {diffs}")  # docs/moe.md (pytest -s)
-    assert max(diffs.values()) <= LOGIT_TOL, diffs
-    assert (INT4_OP[recipe], "CPUExecutionProvider") in profiled
-    assert decisive_prefix(ref["greedy_margins"], LOGIT_TOL) == NEW_TOKENS, "reference has a near-tie"
-    assert genai_greedy(out, ids) == ref["greedy"].tolist()
+    _check_against_quark(out, ref, library, INT4_OP[recipe], f"{shape} {recipe} int4_experts=compact")
 
 
 def test_moe_gather_keeps_the_standard_op_form(exports, tmp_path):

@@ -244,28 +244,37 @@ def _expert_arrays(ctx, plan) -> dict[str, np.ndarray]:
     raise AssertionError(scheme)
 
 
-def build_stack(ctx, plans: list, name: str) -> Stack:
-    """Stack one projection of every expert (plans in expert order) into initializers named `name`.*. The big
-    weight tensor is streamed to the data file one expert at a time; scales, zero points and biases are small."""
-    g, first = ctx.graph, plans[0]
-    key = stack_key(first)
+def _stream_stack(ctx, plans: list, data_name: str, arrays_of, bias_shape: tuple) -> tuple[str, dict, dict]:
+    """Every expert's arrays_of(ctx, plan) (plans in expert order): the "data" arrays streamed to the data file as
+    one [E, ...] initializer named data_name, one expert at a time; the other (small) roles and the biases
+    (reshaped to bias_shape) collected per role. Returns (data initializer, {role: [per-expert arrays]}, the first
+    expert's arrays)."""
     small: dict[str, list[np.ndarray]] = {}
-    head = _expert_arrays(ctx, first)
+    head = arrays_of(ctx, plans[0])
 
     def weights():
         for e, p in enumerate(plans):
-            arrays = head if e == 0 else _expert_arrays(ctx, p)
+            arrays = head if e == 0 else arrays_of(ctx, p)
             for role, arr in arrays.items():
                 if role != "data":
                     small.setdefault(role, []).append(arr)
             if p.has_bias:
-                small.setdefault("bias", []).append(ctx.float_weight(f"{p.name}.bias").reshape(1, -1))
+                small.setdefault("bias", []).append(ctx.float_weight(f"{p.name}.bias").reshape(bias_shape))
             if ctx.progress:
                 ctx.progress(p)
             yield arrays["data"]
 
     data = head["data"]
-    names = {"data": g.stream(f"{name}.routed.data", data.dtype, (len(plans), *data.shape), weights())}
+    return ctx.graph.stream(data_name, data.dtype, (len(plans), *data.shape), weights()), small, head
+
+
+def build_stack(ctx, plans: list, name: str) -> Stack:
+    """Stack one projection of every expert (plans in expert order) into initializers named `name`.*. The big
+    weight tensor is streamed to the data file one expert at a time; scales, zero points and biases are small."""
+    g, first = ctx.graph, plans[0]
+    key = stack_key(first)
+    data, small, head = _stream_stack(ctx, plans, f"{name}.routed.data", _expert_arrays, (1, -1))
+    names = {"data": data}
     names.update({role: g.initializer(f"{name}.routed.{role}", np.stack(arrs)) for role, arrs in small.items()})
     kind = {"float": "float", "mxfp4": "mxfp4", "mxfp4_fp8": "mxfp4", "fp8": "fp8", "nvfp4": "nvfp4",
             "int8_w8a8": "int8"}.get(key[0])
@@ -624,23 +633,8 @@ def _op_expert_arrays(ctx, plan) -> dict[str, np.ndarray]:
 def build_op_stack(ctx, plans: list, name: str) -> OpStack:
     g, first = ctx.graph, plans[0]
     key = stack_key(first)
-    small: dict[str, list[np.ndarray]] = {}
-    head = _op_expert_arrays(ctx, first)
-
-    def weights():
-        for e, p in enumerate(plans):
-            arrays = head if e == 0 else _op_expert_arrays(ctx, p)
-            for role, arr in arrays.items():
-                if role != "data":
-                    small.setdefault(role, []).append(arr)
-            if p.has_bias:
-                small.setdefault("bias", []).append(ctx.float_weight(f"{p.name}.bias").reshape(-1))
-            if ctx.progress:
-                ctx.progress(p)
-            yield arrays["data"]
-
-    data = head["data"]
-    names = {"data": g.stream(f"{name}.experts_op.data", data.dtype, (len(plans), *data.shape), weights())}
+    data, small, _head = _stream_stack(ctx, plans, f"{name}.experts_op.data", _op_expert_arrays, (-1,))
+    names = {"data": data}
     op = EXPERTS_OPS[key[0]][0] if key[0] != "int" else None
     for role, arrs in small.items():
         arr = np.stack(arrs)
