@@ -16,7 +16,9 @@
  * __builtin_cpu_supports, QO_CPU_KERNELS=portable|avx2|avx512 to force a narrower one; tests compare all three
  * bit for bit). With AVX512_VBMI as well, the GEMVs of FP8 / INT8 decode by byte permutes (FP8: two 128-byte
  * table lookups give the two upper bytes of each float32) and those of MXFP4 / NVFP4 by byte and float permutes
- * (QO_CPU_KERNELS=avx512-novbmi turns that off); the decoded values, hence the bits, are the same. No -ffast-math anywhere; the build passes -ffp-contract=off and the numerics-relevant code has no
+ * (QO_CPU_KERNELS=avx512-novbmi turns that off, and AVX512_VNNI with it); the decoded values, hence the bits, are the
+ * same. MXFP4 rows of A on the MXFP4 grid: exact block-integer dot products and their own order (section "MXFP4 with
+ * A on the MXFP4 grid" below). No -ffast-math anywhere; the build passes -ffp-contract=off and the numerics-relevant code has no
  * a*b+c expression a compiler could fuse.
  *
  * Shapes of the work:

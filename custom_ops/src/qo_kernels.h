@@ -21,7 +21,9 @@
  * lane j accumulates k = 8i + j in increasing i by fmaf (one rounding per step) from +0, the K % 8 tail elements go
  * to lanes 0.. as their last step, the lanes fold as ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)), then one multiplication
  * by the output's scale (row scale * column scale). Decoded weights are exact, so nothing else rounds. Details in
- * qo_cpu_kernels.c. A caller that set the MXCSR DAZ bit gets the portable path (same bits, slower): the
+ * qo_cpu_kernels.c. MXFP4 rows of A that are on the MXFP4 grid (what a w_mxfp4_a_mxfp4 graph feeds) take exact
+ * per-block integer dot products and their own 16-lane order instead (qo_cpu_kernels.c, "MXFP4 with A on the MXFP4
+ * grid"): again the same bits on every path, M and thread count. A caller that set the MXCSR DAZ bit gets the portable path (same bits, slower): the
  * in-register route for subnormal e4m3 codes relies on denormal inputs being honoured.
  * fp16 tensors are passed as uint16_t bit patterns (A widened exactly, Y rounded to nearest even).
  * Return 0 on success, QO_ERR_* otherwise. */
