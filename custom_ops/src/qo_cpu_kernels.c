@@ -284,7 +284,7 @@ static int64_t mxi_prepare(const float* A, int64_t M, int64_t K, uint8_t* prep) 
   for (int64_t m = 0; m < M; ++m) {
     qo_mxi_row row = {1, 0, INT32_MAX, INT32_MIN};
     qo_mxi_chunk* ch = (qo_mxi_chunk*)(prep + mxi_header_bytes(M)) + m * C;
-    memset(ch, 0, sizeof(qo_mxi_chunk) * (size_t)C);
+    memset(ch + C - 1, 0, sizeof(qo_mxi_chunk)); /* the last chunk's blocks past K stay 0; the others are written */
     for (int64_t b = 0; b < nb && row.ok; ++b) {
       int8_t q[QO_MXFP4_BLOCK];
       int32_t eb;
