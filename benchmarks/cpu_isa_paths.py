@@ -44,11 +44,30 @@ def weights(fmt: str, rng, n: int, k: int):
         bits = (rng.standard_normal((n, k)) * 0.05).astype(ml_dtypes.bfloat16).view(np.uint16)
         return (lambda a: native.matmul_bf16(a, bits)), bits.nbytes
     packed = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
-    if fmt == "mxfp4":
+    if fmt in ("mxfp4", "mxfp4a"):
         scales = rng.integers(118, 124, (n, k // 32), dtype=np.uint8)
         return (lambda a: native.matmul_mxfp4(a, packed, scales)), packed.nbytes + scales.nbytes
     scales = rng.uniform(0.5, 8, (n, k // 16)).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     return (lambda a: native.matmul_nvfp4(a, packed, scales, np.float32(2e-3))), packed.nbytes + scales.nbytes
+
+
+def mxfp4_activations(x: np.ndarray) -> np.ndarray:
+    """x fake-quantized as Quark's MXFP4 activations (32-blocks along K, "even" scale: 2^(floor(log2 amax) + (mantissa
+    >= 1.75) - 2), e2m1 round half to even): what a w_mxfp4_a_mxfp4 graph feeds MatMulMxfp4."""
+    b = x.astype(np.float64).reshape(x.shape[0], -1, 32)
+    amax = np.abs(b).max(-1, keepdims=True)
+    e = np.floor(np.log2(np.where(amax > 0, amax, 1.0)))
+    scale = 2.0 ** np.clip(e + (amax / 2.0 ** e >= 1.75) - 2, -127, 127)
+    v = np.abs(b / scale)
+    step = np.where(v < 2, 0.5, np.where(v < 4, 1.0, 2.0))
+    q = np.minimum(np.round(v / step) * step, 6.0) * np.sign(b)
+    return (q * scale).reshape(x.shape).astype(np.float32)
+
+
+def activations(fmt: str, x: np.ndarray) -> np.ndarray:
+    """The activation a format is timed with: "mxfp4a" = MXFP4 weights with A on the MXFP4 grid (the block-integer
+    path of qo_cpu_kernels.c), every other format float A."""
+    return mxfp4_activations(x) if fmt == "mxfp4a" else x
 
 
 def main(argv=None) -> int:
@@ -75,7 +94,7 @@ def main(argv=None) -> int:
         for fmt in a.formats.split(","):
             call, nbytes = weights(fmt, rng, n, k)
             for m in map(int, a.m.split(",")):
-                x = rng.standard_normal((m, k)).astype(np.float32)
+                x = activations(fmt, rng.standard_normal((m, k)).astype(np.float32))
                 best, ref = {p: float("inf") for p in paths}, None
                 outs = {}
                 for _ in range(a.rounds):

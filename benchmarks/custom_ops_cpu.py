@@ -46,6 +46,9 @@ sys.path.insert(0, str(REPO))
 
 from custom_ops import ort_library  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_isa_paths import activations  # noqa: E402
+
 DOMAIN = "com.quark_onnx"
 
 _READ_LOOP = r"""
@@ -125,7 +128,7 @@ def _unpack(packed):
 
 
 def make_weight(fmt: str, rng, n: int, k: int):
-    if fmt == "mxfp4":
+    if fmt in ("mxfp4", "mxfp4a"):  # mxfp4a: A on the MXFP4 grid (cpu_isa_paths.activations)
         b = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
         s = rng.integers(120, 130, (n, k // 32), dtype=np.uint8)
         dense = _unpack(b) * np.repeat(np.exp2(s.astype(np.float32) - 127), 32, axis=1)
@@ -290,7 +293,7 @@ def main(argv=None) -> int:
                 sessions[f"kernel_{t}t"] = session(kblob, t, library)
                 sessions[f"fp32_{t}t"] = session(fblob, t, None)
             for m in (1, args.prefill):
-                a = rng.standard_normal((m, k)).astype(np.float32)
+                a = activations(fmt, rng.standard_normal((m, k)).astype(np.float32))
                 y_k, y_f = sessions["kernel_1t"].run(None, {"A": a})[0], sessions["fp32_1t"].run(None, {"A": a})[0]
                 agree = float(np.abs(y_k - y_f).max() / (np.abs(y_f).max() + 1e-30))
                 ms, ms_min, ms_cpu = time_round_robin(sessions, a, args.seconds)

@@ -6,7 +6,8 @@ count, all interleaved in one run (issue #22: the GEMVs must stream at least 50 
                                         [--library NAME=PATH ...] [--json OUT]
 
 Shapes are K x N (weight [N, K] as Quark stores it): 4096x14336 is an 8B gate/up projection, 14336x4096 its
-down projection. Calls go straight to the C ABI (custom_ops/native.py; work split by OpenMP, the thread count set
+down projection. Format "mxfp4a": MXFP4 weights with A fake-quantized to the MXFP4 grid (a w_mxfp4_a_mxfp4 model's
+input: the block-integer path), "mxfp4": float A (weight-only MXFP4). Calls go straight to the C ABI (custom_ops/native.py; work split by OpenMP, the thread count set
 per call by omp_set_num_threads), the path chosen per call by QO_CPU_KERNELS. --library adds another build of the
 library (e.g. one of an earlier commit), timed in the same rounds (rows "path@NAME"): before/after on the same load.
 Plain read: the C loop of benchmarks/custom_ops_cpu.py (a 256 MiB float32 buffer summed with 16 accumulators, 8x
@@ -36,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_isa_paths import weights  # noqa: E402
+from cpu_isa_paths import activations, weights  # noqa: E402
 from custom_ops import native  # noqa: E402
 from custom_ops_cpu import read_loop  # noqa: E402
 
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
         k, n = map(int, shape.split("x"))
         for fmt in a.formats.split(","):
             call, nbytes = weights(fmt, rng, n, k)
-            x = rng.standard_normal((a.m, k)).astype(np.float32)
+            x = activations(fmt, rng.standard_normal((a.m, k)).astype(np.float32))
             best: dict = {}
             outs = []
             for _ in range(a.rounds):

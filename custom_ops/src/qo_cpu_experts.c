@@ -11,7 +11,8 @@
  * decoded-panel GEMM), run through ORT's intra-op pool when the ORT layer set it (qo_cpu_parallel_for).
  * 4-bit integer experts (QO_FMT_INT4, MatMulExpertsUint4 / Int4) go through qo_cpu_int4_rows_f32 instead (the
  * dense MatMulUint4 kernel's code and 32-lane order); its SIMD paths read A reordered for their lanes, prepared once
- * per expert before the tasks run (qo_cpu_int4_prepare_a). */
+ * per expert before the tasks run (qo_cpu_int4_prepare_a). MXFP4 experts likewise check each expert's A rows for the
+ * MXFP4 grid once (qo_cpu_mxfp4_prepare_a) and run qo_cpu_mxfp4_rows_f32: the dense MatMulMxfp4's outputs. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +60,13 @@ static void expert_task(void* data, size_t index) {
     if (status != QO_OK) job->failed = status;
     return;
   }
+  if (job->fmt == QO_FMT_MXFP4) {
+    const int status = qo_cpu_mxfp4_rows_f32(job->a_rows + r0 * job->K, job->a_prep + job->prep_offset[e], M, job->N,
+                                             job->K, job->B + e * job->b_bytes, job->B_scale + e * job->s_bytes, t->n0,
+                                             t->n1, job->y_rows + r0 * job->N);
+    if (status != QO_OK) job->failed = status;
+    return;
+  }
   const int status = qo_cpu_weight_rows_f32(
       job->fmt, job->a_rows + r0 * job->K, M, job->N, job->K, job->B + e * job->b_bytes,
       job->B_scale ? job->B_scale + e * job->s_bytes : NULL, job->scale_2 ? job->scale_2[e] : 0.0f,
@@ -94,21 +102,25 @@ static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, 
     const int64_t p = order[r], src = a_slots == 1 ? p / k : p;
     memcpy(a_rows + r * K, A + src * K, sizeof(float) * (size_t)K);
   }
-  if (job->fmt == QO_FMT_INT4) { /* the 4-bit kernel's A, prepared once per expert (not once per task) */
+  if (job->fmt == QO_FMT_INT4 || job->fmt == QO_FMT_MXFP4) { /* the kernel's A, prepared once per expert (not once
+                                                                 per task) */
+    const int int4 = job->fmt == QO_FMT_INT4;
     int64_t floats = 0;
     prep_offset = (int64_t*)malloc(sizeof(int64_t) * (size_t)E);
     if (!prep_offset) goto done;
     for (int64_t e = 0; e < E; ++e) {
+      const int64_t m = offset[e + 1] - offset[e];
       prep_offset[e] = floats;
-      floats += qo_cpu_int4_prepared_floats(offset[e + 1] - offset[e], K, job->block);
+      floats += int4 ? qo_cpu_int4_prepared_floats(m, K, job->block) : m ? qo_cpu_mxfp4_prepared_floats(m, K) : 0;
     }
     if (floats) {
       a_prep = (float*)malloc(sizeof(float) * (size_t)floats + 64);
       if (!a_prep) goto done;
-      for (int64_t e = 0; e < E; ++e)
-        if (offset[e + 1] > offset[e])
-          qo_cpu_int4_prepare_a(a_rows + offset[e] * K, offset[e + 1] - offset[e], K, job->block,
-                                a_prep + prep_offset[e]);
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t m = offset[e + 1] - offset[e];
+        if (m && int4) qo_cpu_int4_prepare_a(a_rows + offset[e] * K, m, K, job->block, a_prep + prep_offset[e]);
+        if (m && !int4) qo_cpu_mxfp4_prepare_a(a_rows + offset[e] * K, m, K, a_prep + prep_offset[e]);
+      }
     }
     job->a_prep = a_prep;
     job->prep_offset = prep_offset;

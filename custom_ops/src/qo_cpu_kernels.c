@@ -16,7 +16,9 @@
  * __builtin_cpu_supports, QO_CPU_KERNELS=portable|avx2|avx512 to force a narrower one; tests compare all three
  * bit for bit). With AVX512_VBMI as well, the GEMVs of FP8 / INT8 decode by byte permutes (FP8: two 128-byte
  * table lookups give the two upper bytes of each float32) and those of MXFP4 / NVFP4 by byte and float permutes
- * (QO_CPU_KERNELS=avx512-novbmi turns that off); the decoded values, hence the bits, are the same. No -ffast-math anywhere; the build passes -ffp-contract=off and the numerics-relevant code has no
+ * (QO_CPU_KERNELS=avx512-novbmi turns that off, and AVX512_VNNI with it); the decoded values, hence the bits, are the
+ * same. MXFP4 rows of A on the MXFP4 grid: exact block-integer dot products and their own order (section "MXFP4 with
+ * A on the MXFP4 grid" below). No -ffast-math anywhere; the build passes -ffp-contract=off and the numerics-relevant code has no
  * a*b+c expression a compiler could fuse.
  *
  * Shapes of the work:
@@ -155,6 +157,7 @@ typedef struct {
   int isa;                 /* QO_ISA_*: the path run_gemm picked */
   const float* a_pack;     /* M > 4 on AVX2: A in 4-row micro-panels, see pack_a */
   volatile int failed;
+  const uint8_t* mxi;      /* MXFP4: A prepared for the block-integer path (mxi_prepare), or NULL */
 } qo_job;
 
 static inline float out_scale(const qo_job* job, int64_t m, int64_t n) {
@@ -199,6 +202,163 @@ static void portable_task(qo_job* job, int64_t n0, int64_t n1) {
       job->Y[m * job->N + n] = finish(l, a + K8, wrow + K8, t, out_scale(job, m, n));
     }
   }
+}
+
+/* ---------------- MXFP4 with A on the MXFP4 grid: block-integer dot products ----------------
+ * In Quark's w_mxfp4_a_mxfp4 schemes the graph fake-quantizes A per 32-block along K before the node
+ * (builder/ops/mx_activation.py): every block of an A row is e2m1 * 2^e, and so is every block of the weight
+ * (2 * e2m1 * 2^(s - 128), s the e8m0 code). A block's sum of products is then an integer times one power of two,
+ * computed exactly with 8-bit integer dot products. mxi_prepare checks each A row ONCE per call (amortised over the
+ * N weight rows): a block is on the grid when every element is q * 2^e with q an integer in [-127, 127] and e the
+ * block max's exponent - 6 (checked by converting back, e in [-100, 100]; an all-zero block is on it). This holds
+ * for MXFP4 activations (q = 8 * 2 * e2m1 at most 96) and for any other A that is an int8 times a power of two per
+ * block. A row with one block off the grid (float A: weight-only MXFP4, mxfp4_fp8, an unquantized layer) keeps the
+ * float path of the header (same bits as before).
+ * The order of an on-grid row (every path and M, so still one order per row): per output 16 float32 lanes; quad j
+ * (elements 8j..8j+7) of block b gives the exact integer P(b, j) = sum q_a * (2 * e2m1_w); lane L = 4 * (b % 4) + j
+ * accumulates fmaf((float)P, 2^(e_b + s_b - 128), lane) over b in increasing order (|P| < 2^14: the product is
+ * exact, one rounding per step), from +0; then s_i = l_i + l_(i+8), and the 8-lane fold of the header. Only the
+ * float32 additions round: Quark-exact up to summation order, as the float path. A pair (row, weight row) whose
+ * exponents could leave [2^-126, 2^113] (or a NaN e8m0 code 255) takes the float path for that output
+ * (mxi_pair_ok), decided from the row's and the weight row's exponent ranges only: the same on every path.
+ * AVX-512 (VNNI: vpdpbusd; else vpmaddubsw + vpmaddwd) and AVX2 (vpmaddubsw + vpmaddwd) decode the nibbles by one
+ * vpshufb to 2 * e2m1 + 12 (unsigned) against the signed prepared A; -12 * sum(q) per quad, prepared with A, starts
+ * the integer sum, so P is exact on both. */
+#define QO_MXI_AMAX_SHIFT 6 /* block max / 2^e in [64, 128): q in [-127, 127] */
+#define QO_MXI_E_LIMIT 100  /* |e| bound: q * 2^e exact and 2^e, 2^-e normal */
+
+typedef struct {    /* 128 elements (4 blocks) of one prepared A row: 256 bytes */
+  int8_t even[64];  /* block bb's element 2p at 16 * bb + p (the low nibbles' elements) */
+  int8_t odd[64];   /* its element 2p + 1 */
+  int32_t corr[16]; /* lane 4 * bb + j: -12 * sum of q over the block's elements 8j..8j+7 (the +12 weight offset) */
+  int32_t eb[16];   /* lane 4 * bb + j: e_b - 1 (2^(e_b + s - 128) has biased exponent s + e_b - 1); 0 for a
+                       zero block or none */
+} qo_mxi_chunk;
+
+typedef struct {
+  int32_t ok;         /* every block on the grid */
+  int32_t nonzero;    /* some block not all zero */
+  int32_t bmin, bmax; /* min / max of e_b - 1 over the nonzero blocks */
+} qo_mxi_row;
+
+QO_INLINE int64_t mxi_chunks(int64_t K) { return (K / QO_MXFP4_BLOCK + 3) / 4; }
+QO_INLINE int64_t mxi_header_bytes(int64_t M) { return (M * (int64_t)sizeof(qo_mxi_row) + 63) / 64 * 64; }
+QO_INLINE int64_t mxi_bytes(int64_t M, int64_t K) {
+  return mxi_header_bytes(M) + M * mxi_chunks(K) * (int64_t)sizeof(qo_mxi_chunk);
+}
+QO_INLINE const qo_mxi_row* mxi_rows_of(const uint8_t* prep) { return (const qo_mxi_row*)prep; }
+QO_INLINE const qo_mxi_chunk* mxi_chunks_of(const uint8_t* prep, int64_t M, int64_t K, int64_t m) {
+  return (const qo_mxi_chunk*)(prep + mxi_header_bytes(M)) + m * mxi_chunks(K);
+}
+
+/* One 32-block of A: 0 off the grid, 1 all zero, 2 on it with q[] and *eb = e - 1. */
+static int mxi_block(const float* a, int8_t q[QO_MXFP4_BLOCK], int32_t* eb) {
+  float amax = 0.0f;
+  for (int k = 0; k < QO_MXFP4_BLOCK; ++k) {
+    const float v = fabsf(a[k]);
+    if (!(v <= amax)) amax = v; /* NaN: kept, then refused below */
+  }
+  if (!(amax <= 3.4028234663852886e38f)) return 0; /* inf, NaN */
+  if (amax == 0.0f) {
+    memset(q, 0, QO_MXFP4_BLOCK);
+    *eb = 0;
+    return 1;
+  }
+  const int e = ilogbf(amax) - QO_MXI_AMAX_SHIFT;
+  if (e < -QO_MXI_E_LIMIT || e > QO_MXI_E_LIMIT) return 0;
+  const float down = qo_bits_to_f32((uint32_t)(127 - e) << 23), up = qo_bits_to_f32((uint32_t)(127 + e) << 23);
+  for (int k = 0; k < QO_MXFP4_BLOCK; ++k) {
+    const int i = (int)(a[k] * down); /* |a * 2^-e| < 128 */
+    if ((float)i * up != a[k]) return 0; /* exact: |i| < 128, 2^e normal */
+    q[k] = (int8_t)i;
+  }
+  *eb = e - 1;
+  return 2;
+}
+
+/* A [M, K] -> prep (mxi_bytes(M, K) bytes): row headers, then each row's chunks. Returns the rows on the grid. */
+static int64_t mxi_prepare(const float* A, int64_t M, int64_t K, uint8_t* prep) {
+  const int64_t nb = K / QO_MXFP4_BLOCK, C = mxi_chunks(K);
+  qo_mxi_row* rows = (qo_mxi_row*)prep;
+  int64_t on = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    qo_mxi_row row = {1, 0, INT32_MAX, INT32_MIN};
+    qo_mxi_chunk* ch = (qo_mxi_chunk*)(prep + mxi_header_bytes(M)) + m * C;
+    memset(ch + C - 1, 0, sizeof(qo_mxi_chunk)); /* the last chunk's blocks past K stay 0; the others are written */
+    for (int64_t b = 0; b < nb && row.ok; ++b) {
+      int8_t q[QO_MXFP4_BLOCK];
+      int32_t eb;
+      const int kind = mxi_block(A + m * K + b * QO_MXFP4_BLOCK, q, &eb);
+      if (!kind) {
+        row.ok = 0;
+        break;
+      }
+      qo_mxi_chunk* x = ch + b / 4;
+      const int bb = (int)(b % 4);
+      for (int p = 0; p < 16; ++p) {
+        x->even[16 * bb + p] = q[2 * p];
+        x->odd[16 * bb + p] = q[2 * p + 1];
+      }
+      for (int j = 0; j < 4; ++j) {
+        int32_t sum = 0;
+        for (int e = 8 * j; e < 8 * j + 8; ++e) sum += q[e];
+        x->corr[4 * bb + j] = -12 * sum;
+        x->eb[4 * bb + j] = eb;
+      }
+      if (kind == 2) {
+        row.nonzero = 1;
+        if (eb < row.bmin) row.bmin = eb;
+        if (eb > row.bmax) row.bmax = eb;
+      }
+    }
+    rows[m] = row;
+    on += row.ok;
+  }
+  return on;
+}
+
+/* May output (row, weight row with e8m0 codes in [smin, smax]) take the integer path? Every step's scale
+ * 2^(e_b + s - 128) normal and every |P| * scale < 2^127 (|P| < 2^14), no NaN scale. */
+QO_INLINE int mxi_pair_ok(const qo_mxi_row* r, int smin, int smax) {
+  return r->ok && smax <= 254 && (!r->nonzero || (smin + r->bmin >= 1 && smax + r->bmax <= 240));
+}
+
+static void mxi_scale_range(const uint8_t* srow, int64_t nb, int* smin, int* smax) {
+  int lo = 255, hi = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    lo = srow[b] < lo ? srow[b] : lo;
+    hi = srow[b] > hi ? srow[b] : hi;
+  }
+  *smin = lo;
+  *smax = hi;
+}
+
+QO_INLINE float mxi_scale(int s, int32_t eb) { return qo_bits_to_f32((uint32_t)(s + eb) << 23); }
+
+/* 16 lanes -> s_i = l_i + l_(i+8) -> the 8-lane fold. */
+QO_INLINE float mxi_fold16(const float l[16]) {
+  float s[QO_LANES];
+  for (int i = 0; i < QO_LANES; ++i) s[i] = l[i] + l[i + QO_LANES];
+  return finish(s, NULL, NULL, 0, 1.0f);
+}
+
+/* One output, portable C: the order above, P as a plain integer sum. */
+static float mxi_dot_portable(const qo_mxi_chunk* ch, const uint8_t* row, const uint8_t* srow, int64_t nb) {
+  float l[16] = {0};
+  for (int64_t b = 0; b < nb; ++b) {
+    const qo_mxi_chunk* x = ch + b / 4;
+    const int bb = (int)(b % 4);
+    for (int j = 0; j < 4; ++j) {
+      int32_t P = 0;
+      for (int p = 4 * j; p < 4 * j + 4; ++p) {
+        const uint8_t byte = row[16 * b + p];
+        P += QO_E2M1_X2[byte & 15] * x->even[16 * bb + p] + QO_E2M1_X2[byte >> 4] * x->odd[16 * bb + p];
+      }
+      const int L = 4 * bb + j;
+      l[L] = fmaf((float)P, mxi_scale(srow[b], x->eb[L]), l[L]);
+    }
+  }
+  return mxi_fold16(l);
 }
 
 /* ---------------- AVX2 + FMA path (x86-64, picked at run time) ---------------- */
@@ -448,6 +608,70 @@ static void avx_tile_4x3(const float* a, const float* p, int64_t steps, float* p
     for (int r = 0; r < 3; ++r) _mm256_storeu_ps(part + (i * 3 + r) * QO_LANES, acc[i][r]);
 }
 
+/* MXFP4 block-integer tile (see mxi_prepare), AVX2: mr prepared A rows x nr weight rows, out[i * nr + r]. A chunk
+ * is two halves of 32 weight bytes (blocks 2h, 2h + 1 of the chunk), each 8 int32 lanes (lanes 8h..8h+7); a half
+ * past the last block is skipped (its steps would add +0). */
+QO_INLINE void avx_mxi_tile(const int mr, const int nr, const qo_mxi_chunk* const* x, const uint8_t* const* rows,
+                            const uint8_t* const* srows, int64_t nb, float* out) {
+  __m256 acc[4][4][2];
+  for (int i = 0; i < mr; ++i)
+    for (int r = 0; r < nr; ++r) acc[i][r][0] = acc[i][r][1] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+  const __m256i spread[2] = { /* dword 4k + j <- scale byte 2h + k */
+      _mm256_setr_epi32(-256, -256, -256, -256, -255, -255, -255, -255),
+      _mm256_setr_epi32(-254, -254, -254, -254, -253, -253, -253, -253)};
+  const int64_t C = (nb + 3) / 4;
+  for (int64_t c = 0; c < C; ++c) {
+    const int64_t left = nb - 4 * c;
+    if (QO_GEMV_PF)
+      for (int r = 0; r < nr; ++r) _mm_prefetch((const char*)rows[r] + 64 * c + QO_GEMV_PF, _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; ++r) {
+      int32_t s4 = 0;
+      for (int64_t b = 0; b < (left < 4 ? left : 4); ++b) s4 |= (int32_t)srows[r][4 * c + b] << (8 * b);
+      const __m256i sb = _mm256_set1_epi32(s4);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        if (left <= 2 * h) break;
+        const uint8_t* src = rows[r] + 64 * c + 32 * h;
+        const __m256i wx = left >= 2 * h + 2 ? _mm256_loadu_si256((const __m256i*)src)
+                                             : _mm256_maskload_epi32((const int*)src, _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0));
+        const __m256i wlo = _mm256_shuffle_epi8(table, _mm256_and_si256(wx, m4));
+        const __m256i whi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(wx, 4), m4));
+        const __m256i ew = _mm256_shuffle_epi8(sb, spread[h]);
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; ++i) {
+          const qo_mxi_chunk* xc = x[i] + c;
+          const __m256i t = _mm256_add_epi16(
+              _mm256_maddubs_epi16(wlo, _mm256_loadu_si256((const __m256i*)(xc->even + 32 * h))),
+              _mm256_maddubs_epi16(whi, _mm256_loadu_si256((const __m256i*)(xc->odd + 32 * h))));
+          const __m256i P = _mm256_add_epi32(_mm256_madd_epi16(t, ones),
+                                             _mm256_loadu_si256((const __m256i*)(xc->corr + 8 * h)));
+          const __m256i sc = _mm256_slli_epi32(_mm256_add_epi32(ew, _mm256_loadu_si256((const __m256i*)(xc->eb + 8 * h))), 23);
+          acc[i][r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_castsi256_ps(sc), acc[i][r][h]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < mr; ++i)
+    for (int r = 0; r < nr; ++r) out[i * nr + r] = avx_fold_scale(_mm256_add_ps(acc[i][r][0], acc[i][r][1]), 1.0f);
+}
+
+/* The tiles the MXFP4 integer driver asks for (mxi_nr): nr = 2 for mr = 1, 2 (16 ymm registers), and nr = 1. */
+static void avx_mxi_tiles(int mr, int nr, const qo_mxi_chunk* const* x, const uint8_t* const* rows,
+                          const uint8_t* const* srows, int64_t nb, float* out) {
+  switch (mr * 16 + nr) {
+    case 0x12: avx_mxi_tile(1, 2, x, rows, srows, nb, out); break;
+    case 0x22: avx_mxi_tile(2, 2, x, rows, srows, nb, out); break;
+    case 0x11: avx_mxi_tile(1, 1, x, rows, srows, nb, out); break;
+    case 0x21: avx_mxi_tile(2, 1, x, rows, srows, nb, out); break;
+    case 0x31: avx_mxi_tile(3, 1, x, rows, srows, nb, out); break;
+    default: avx_mxi_tile(4, 1, x, rows, srows, nb, out); break;
+  }
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -550,6 +774,7 @@ static const uint8_t QOZ_FP4_IDX[64] = {
 #undef QOZ_L
 
 #define QOZ_VBMI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")))
+#define QOZ_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 static inline QOZ_VBMI void qoz_fp4_pair_vbmi(const int fmt, const qo_weight* w, const uint8_t* ra, const uint8_t* rb,
                                  const uint8_t* sa, const uint8_t* sb, int64_t k, __m512 out[4]) {
   const __m256i x = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(ra + k / 2))),
@@ -797,6 +1022,201 @@ static void qoz_panel_block(const float* a_pack, const float* panel, float* part
   }
 }
 
+/* MXFP4 block-integer tile (see mxi_prepare), AVX-512: mr prepared A rows x nr weight rows, out[i * nr + r]; one
+ * zmm per (A row, weight row) holds the 16 lanes, one chunk (64 weight bytes, 4 blocks) per step; the last chunk's
+ * missing blocks are masked to weight code 0 against A 0 and scale code 0 (their steps add +0). The quad sums by
+ * vpdpbusd (vnni, qoz_mxi_dot_vnni) or vpmaddubsw + vpmaddwd: the same integers. */
+static inline QOZ_VNNI __m512i qoz_mxi_dot_vnni(__m512i P, __m512i wlo, __m512i whi, const qo_mxi_chunk* x) {
+  P = _mm512_dpbusd_epi32(P, wlo, _mm512_loadu_si512((const void*)x->even));
+  return _mm512_dpbusd_epi32(P, whi, _mm512_loadu_si512((const void*)x->odd));
+}
+
+/* One chunk c of the tile: full (4 blocks) or the last one with `left` < 4 blocks (masked). */
+QO_INLINE void qoz_mxi_step(const int mr, const int nr, const int vnni, const int64_t left, const qo_mxi_chunk* const* x,
+                            const uint8_t* const* rows, const uint8_t* const* srows, int64_t c, __m512 acc[4][8]) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi16(1);
+  const __m512i table = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m512i spread = _mm512_setr_epi32(-256, -256, -256, -256, -255, -255, -255, -255, /* dword 4k+j <- byte k */
+                                           -254, -254, -254, -254, -253, -253, -253, -253);
+#pragma GCC unroll 8
+  for (int r = 0; r < nr; ++r) {
+    int32_t s4 = 0;
+    __m512i wx;
+    if (left >= 4) {
+      memcpy(&s4, srows[r] + 4 * c, 4);
+      wx = _mm512_loadu_si512((const void*)(rows[r] + 64 * c));
+    } else {
+      for (int64_t b = 0; b < left; ++b) s4 |= (int32_t)srows[r][4 * c + b] << (8 * b);
+      wx = _mm512_maskz_loadu_epi8((__mmask64)((1ULL << (16 * left)) - 1), rows[r] + 64 * c);
+    }
+    const __m512i wlo = _mm512_shuffle_epi8(table, _mm512_and_si512(wx, m4));
+    const __m512i whi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(wx, 4), m4));
+    const __m512i ew = _mm512_shuffle_epi8(_mm512_set1_epi32(s4), spread);
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; ++i) {
+      const qo_mxi_chunk* xc = x[i] + c;
+      const __m512i P0 = _mm512_loadu_si512((const void*)xc->corr);
+      __m512i P;
+      if (vnni) {
+        P = qoz_mxi_dot_vnni(P0, wlo, whi, xc);
+      } else {
+        const __m512i t = _mm512_add_epi16(_mm512_maddubs_epi16(wlo, _mm512_loadu_si512((const void*)xc->even)),
+                                           _mm512_maddubs_epi16(whi, _mm512_loadu_si512((const void*)xc->odd)));
+        P = _mm512_add_epi32(_mm512_madd_epi16(t, ones), P0);
+      }
+      const __m512i sc = _mm512_slli_epi32(_mm512_add_epi32(ew, _mm512_loadu_si512((const void*)xc->eb)), 23);
+      acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), _mm512_castsi512_ps(sc), acc[i][r]);
+    }
+  }
+}
+
+QO_INLINE void qoz_mxi_tile(const int mr, const int nr, const int vnni, const qo_mxi_chunk* const* x,
+                            const uint8_t* const* rows, const uint8_t* const* srows, int64_t nb, float* out) {
+  __m512 acc[4][8];
+#pragma GCC unroll 4
+  for (int i = 0; i < mr; ++i)
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; ++r) acc[i][r] = _mm512_setzero_ps();
+  const int64_t full = nb / 4;
+  for (int64_t c = 0; c < full; ++c) {
+    if (QO_GEMV_PF)
+#pragma GCC unroll 8
+      for (int r = 0; r < nr; ++r) _mm_prefetch((const char*)rows[r] + 64 * c + QO_GEMV_PF, _MM_HINT_T0);
+    qoz_mxi_step(mr, nr, vnni, 4, x, rows, srows, c, acc);
+  }
+  if (nb % 4) qoz_mxi_step(mr, nr, vnni, nb % 4, x, rows, srows, full, acc);
+#pragma GCC unroll 4
+  for (int i = 0; i < mr; ++i)
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; ++r)
+      out[i * nr + r] = avx_fold_scale(_mm256_add_ps(_mm512_castps512_ps256(acc[i][r]),
+                                                     _mm512_extractf32x8_ps(acc[i][r], 1)), 1.0f);
+}
+
+/* MXFP4 block-integer prefill (M > 4), AVX-512: 16 weight rows decoded once into a panel whose zmm lanes are the
+ * rows (per block b: wa[j] = dword per row of 2 * e2m1 + 12 of elements 8j, 8j+2, 8j+4, 8j+6, wb[j] of 8j+1, ..,
+ * 8j+7: the prepared A's even / odd dword j; ew = the rows' e8m0 codes), then per A row 16 zmm accumulators, one
+ * per lane L = 4 * (b % 4) + j of the order above, each holding that lane of the 16 rows' outputs: the A dwords are
+ * broadcast, and the 16-lane fold becomes 15 vertical additions. Rows past the weight's end hold code 12 (P = 0). */
+typedef struct {
+  int32_t wa[4][16];
+  int32_t wb[4][16];
+  int32_t ew[16];
+} qo_mxi_pblock;
+
+static void qoz_mxi_decode16(const qo_weight* w, int64_t n, int rows, int64_t nb, qo_mxi_pblock* out) {
+  const __m128i table = _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+  const __m128i m4 = _mm_set1_epi8(0x0F), pad = _mm_set1_epi8(12);
+  for (int r = 0; r < 16; ++r) {
+    const uint8_t* row = r < rows ? w->data + (n + r) * w->row_bytes : NULL;
+    const uint8_t* srow = r < rows ? w->scales + (n + r) * w->scales_per_row : NULL;
+    for (int64_t b = 0; b < nb; ++b) {
+      __m128i lo = pad, hi = pad;
+      if (row) {
+        const __m128i x = _mm_loadu_si128((const __m128i*)(row + 16 * b));
+        lo = _mm_shuffle_epi8(table, _mm_and_si128(x, m4));
+        hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(x, 4), m4));
+      }
+      qo_mxi_pblock* pb = out + b;
+      pb->wa[0][r] = _mm_extract_epi32(lo, 0);
+      pb->wa[1][r] = _mm_extract_epi32(lo, 1);
+      pb->wa[2][r] = _mm_extract_epi32(lo, 2);
+      pb->wa[3][r] = _mm_extract_epi32(lo, 3);
+      pb->wb[0][r] = _mm_extract_epi32(hi, 0);
+      pb->wb[1][r] = _mm_extract_epi32(hi, 1);
+      pb->wb[2][r] = _mm_extract_epi32(hi, 2);
+      pb->wb[3][r] = _mm_extract_epi32(hi, 3);
+      pb->ew[r] = srow ? srow[b] : 0;
+    }
+  }
+}
+
+static inline QOZ_VNNI __m512i qoz_mxi_quad_vnni(__m512i P, const qo_mxi_pblock* pb, int j, int32_t ev, int32_t od) {
+  P = _mm512_dpbusd_epi32(P, _mm512_loadu_si512((const void*)pb->wa[j]), _mm512_set1_epi32(ev));
+  return _mm512_dpbusd_epi32(P, _mm512_loadu_si512((const void*)pb->wb[j]), _mm512_set1_epi32(od));
+}
+
+/* One A row against a 16-row panel, chunks [c0, c1) (a K slice that stays in L1): the 16 accumulators start at
+ * zero (first) or from part[256], and end in part or (last chunk) folded into out[r], r < 16. */
+QO_INLINE void qoz_mxi_panel_row(const int vnni, const qo_mxi_chunk* x, const qo_mxi_pblock* panel, int64_t nb,
+                                 int64_t c0, int64_t c1, float* part, int first, float* out) {
+  __m512 acc[16];
+  for (int L = 0; L < 16; ++L) acc[L] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + 16 * L);
+  const __m512i ones = _mm512_set1_epi16(1);
+  for (int64_t c = c0; c < c1; ++c) {
+    const qo_mxi_chunk* xc = x + c;
+    for (int bb = 0; bb < 4; ++bb) {
+      if (4 * c + bb >= nb) break;
+      const qo_mxi_pblock* pb = panel + 4 * c + bb;
+      const __m512 sc = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_add_epi32(_mm512_loadu_si512((const void*)pb->ew), _mm512_set1_epi32(xc->eb[4 * bb])), 23));
+      for (int j = 0; j < 4; ++j) {
+        int32_t ev, od;
+        memcpy(&ev, xc->even + 16 * bb + 4 * j, 4);
+        memcpy(&od, xc->odd + 16 * bb + 4 * j, 4);
+        const __m512i P0 = _mm512_set1_epi32(xc->corr[4 * bb + j]);
+        __m512i P;
+        if (vnni) {
+          P = qoz_mxi_quad_vnni(P0, pb, j, ev, od);
+        } else {
+          const __m512i t = _mm512_add_epi16(
+              _mm512_maddubs_epi16(_mm512_loadu_si512((const void*)pb->wa[j]), _mm512_set1_epi32(ev)),
+              _mm512_maddubs_epi16(_mm512_loadu_si512((const void*)pb->wb[j]), _mm512_set1_epi32(od)));
+          P = _mm512_add_epi32(_mm512_madd_epi16(t, ones), P0);
+        }
+        acc[4 * bb + j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), sc, acc[4 * bb + j]);
+      }
+    }
+  }
+  if (!out) {
+    for (int L = 0; L < 16; ++L) _mm512_storeu_ps(part + 16 * L, acc[L]);
+    return;
+  }
+  __m512 s[8];
+  for (int i = 0; i < 8; ++i) s[i] = _mm512_add_ps(acc[i], acc[i + 8]);
+  _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[4]), _mm512_add_ps(s[2], s[6])),
+                                      _mm512_add_ps(_mm512_add_ps(s[1], s[5]), _mm512_add_ps(s[3], s[7]))));
+}
+
+/* count A rows x[i] (partial sums part + 256 i, outputs out + 16 i on the last slice) over chunks [c0, c1). */
+#define QOZ_MXI_PANEL_ROWS(vnni)                                                                                  \
+  for (int i = 0; i < count; ++i)                                                                                 \
+    qoz_mxi_panel_row(vnni, x[i], panel, nb, c0, c1, part + 256 * i, c0 == 0, last ? out + 16 * i : NULL);
+static void qoz_mxi_panel_rows(const qo_mxi_chunk* const* x, int count, const qo_mxi_pblock* panel, int64_t nb,
+                               int64_t c0, int64_t c1, float* part, int last, float* out) {
+  QOZ_MXI_PANEL_ROWS(0)
+}
+static QOZ_VNNI __attribute__((flatten)) void qoz_mxi_panel_rows_vnni(const qo_mxi_chunk* const* x, int count,
+                                                                      const qo_mxi_pblock* panel, int64_t nb,
+                                                                      int64_t c0, int64_t c1, float* part, int last,
+                                                                      float* out) {
+  QOZ_MXI_PANEL_ROWS(1)
+}
+#undef QOZ_MXI_PANEL_ROWS
+
+/* The tiles the MXFP4 integer driver asks for (mxi_nr): nr = 8 / 4 / 4 / 2 for mr = 1 / 2 / 3 / 4, and nr = 1. */
+#define QOZ_MXI_TILES(vnni)                                                                                       \
+  switch (mr * 16 + nr) {                                                                                         \
+    case 0x18: qoz_mxi_tile(1, 8, vnni, x, rows, srows, nb, out); break;                                          \
+    case 0x24: qoz_mxi_tile(2, 4, vnni, x, rows, srows, nb, out); break;                                          \
+    case 0x34: qoz_mxi_tile(3, 4, vnni, x, rows, srows, nb, out); break;                                          \
+    case 0x42: qoz_mxi_tile(4, 2, vnni, x, rows, srows, nb, out); break;                                          \
+    case 0x11: qoz_mxi_tile(1, 1, vnni, x, rows, srows, nb, out); break;                                          \
+    case 0x21: qoz_mxi_tile(2, 1, vnni, x, rows, srows, nb, out); break;                                          \
+    case 0x31: qoz_mxi_tile(3, 1, vnni, x, rows, srows, nb, out); break;                                          \
+    default: qoz_mxi_tile(4, 1, vnni, x, rows, srows, nb, out); break;                                            \
+  }
+static void qoz_mxi_tiles(int mr, int nr, const qo_mxi_chunk* const* x, const uint8_t* const* rows,
+                          const uint8_t* const* srows, int64_t nb, float* out) {
+  QOZ_MXI_TILES(0)
+}
+static QOZ_VNNI __attribute__((flatten)) void qoz_mxi_tiles_vnni(int mr, int nr, const qo_mxi_chunk* const* x,
+                                                                 const uint8_t* const* rows,
+                                                                 const uint8_t* const* srows, int64_t nb, float* out) {
+  QOZ_MXI_TILES(1)
+}
+#undef QOZ_MXI_TILES
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -930,8 +1350,155 @@ static int qo_cpu_vbmi(void) {
 #endif
 }
 
+/* AVX512_VNNI as well (the MXFP4 integer path's vpdpbusd); QO_CPU_KERNELS=avx512-novbmi turns it off too (AVX-512
+ * F/BW/VL/DQ only, a Skylake-X: vpmaddubsw + vpmaddwd, the same integers). */
+static int qo_cpu_vnni(void) {
+#if QO_X86_AVX2
+  static int supported = -1;
+  if (supported < 0) {
+    __builtin_cpu_init();
+    supported = __builtin_cpu_supports("avx512vnni");
+  }
+  const char* force = getenv("QO_CPU_KERNELS");
+  return supported && !(force && strcmp(force, "avx512-novbmi") == 0);
+#else
+  return 0;
+#endif
+}
+
+static void rows_task(qo_job* job, int64_t n0, int64_t n1);
+
+/* Weight rows per integer tile for mr A rows (the tiles avx_mxi_tiles / qoz_mxi_tiles have; 1 on the portable path). */
+static int mxi_nr(int isa, int mr) {
+  if (isa == QO_ISA_AVX512) return mr == 1 ? 8 : mr == 4 ? 2 : 4;
+  if (isa == QO_ISA_AVX2) return mr <= 2 ? 2 : 1;
+  return 1;
+}
+
+#define QO_MXI_ROWS 64 /* weight rows whose e8m0 range is taken at once */
+#define QO_MXI_PANEL_MB 32 /* prefill: A rows per pass over a 16-row panel (their partial sums: 32 KB) */
+#define QO_MXI_PANEL_KC 8  /* prefill: chunks (32 blocks: 18 KB of panel) per K slice */
+#define QO_MXI_PANEL_MIN_M 12 /* AVX-512: above this many A rows the panels (decoded per 16 weight rows), else tiles */
+static QO_THREAD_LOCAL float* tls_mxi_panel = NULL;
+static QO_THREAD_LOCAL size_t tls_mxi_panel_floats = 0;
+
+/* MXFP4 weight rows [n0, n1) with job->mxi prepared: the rows of A off the grid through the float path one at a
+ * time (its bits do not depend on M), the others in groups of up to 4 through the integer tiles; a pair that fails
+ * mxi_pair_ok gets the float path's output. */
+static void mxi_rows(qo_job* job, int64_t n0, int64_t n1) {
+  const int64_t M = job->M, N = job->N, K = job->K, nb = K / QO_MXFP4_BLOCK;
+  const qo_weight* w = job->w;
+  const qo_mxi_row* hdr = mxi_rows_of(job->mxi);
+  qo_job one = *job; /* one output row (or pair) through the float path */
+  one.M = 1;
+  one.mxi = NULL;
+  one.a_pack = NULL;
+  for (int64_t m = 0; m < M; ++m)
+    if (!hdr[m].ok) {
+      one.A = job->A + m * K;
+      one.Y = job->Y + m * N;
+      rows_task(&one, n0, n1);
+    }
+  const int isa = job->isa;
+#if QO_X86_AVX2
+  const int vnni = isa == QO_ISA_AVX512 && qo_cpu_vnni();
+#endif
+  int smin[QO_MXI_ROWS], smax[QO_MXI_ROWS];
+  for (int64_t nb0 = n0; nb0 < n1; nb0 += QO_MXI_ROWS) {
+    const int64_t nb1 = nb0 + QO_MXI_ROWS < n1 ? nb0 + QO_MXI_ROWS : n1;
+    for (int64_t n = nb0; n < nb1; ++n) mxi_scale_range(w->scales + n * w->scales_per_row, nb, &smin[n - nb0], &smax[n - nb0]);
+#if QO_X86_AVX2
+    if (isa == QO_ISA_AVX512 && M > QO_MXI_PANEL_MIN_M) { /* prefill: 16-row panels (qoz_mxi_panel_row) */
+      const int64_t C = mxi_chunks(K);
+      const size_t panel_floats = (size_t)(4 * C) * sizeof(qo_mxi_pblock) / sizeof(float);
+      float* buffer = tls_grow(&tls_mxi_panel, &tls_mxi_panel_floats, panel_floats + 256 * QO_MXI_PANEL_MB);
+      qo_mxi_pblock* panel = (qo_mxi_pblock*)buffer;
+      float* part = buffer + panel_floats;
+      if (!buffer) {
+        job->failed = 1;
+        return;
+      }
+      for (int64_t n = nb0; n < nb1; n += 16) {
+        const int rows = nb1 - n < 16 ? (int)(nb1 - n) : 16;
+        qoz_mxi_decode16(w, n, rows, nb, panel);
+        for (int64_t m = 0; m < M;) {
+          int64_t on[QO_MXI_PANEL_MB];
+          const qo_mxi_chunk* x[QO_MXI_PANEL_MB];
+          float out[16 * QO_MXI_PANEL_MB];
+          int count = 0;
+          for (; m < M && count < QO_MXI_PANEL_MB; ++m)
+            if (hdr[m].ok) {
+              x[count] = mxi_chunks_of(job->mxi, M, K, m);
+              on[count++] = m;
+            }
+          for (int64_t c0 = 0; c0 < C; c0 += QO_MXI_PANEL_KC) {
+            const int64_t c1 = c0 + QO_MXI_PANEL_KC < C ? c0 + QO_MXI_PANEL_KC : C;
+            (vnni ? qoz_mxi_panel_rows_vnni : qoz_mxi_panel_rows)(x, count, panel, nb, c0, c1, part, c1 == C, out);
+          }
+          for (int i = 0; i < count; ++i)
+            for (int r = 0; r < rows; ++r) {
+              if (mxi_pair_ok(&hdr[on[i]], smin[n + r - nb0], smax[n + r - nb0])) {
+                job->Y[on[i] * N + n + r] = out[16 * i + r];
+              } else {
+                one.A = job->A + on[i] * K;
+                one.Y = job->Y + on[i] * N;
+                portable_task(&one, n + r, n + r + 1);
+              }
+            }
+        }
+      }
+      continue;
+    }
+#endif
+    int64_t m = 0;
+    while (m < M) {
+      int64_t on[4];
+      int mr = 0;
+      for (; m < M && mr < 4; ++m)
+        if (hdr[m].ok) on[mr++] = m;
+      if (!mr) break;
+      const qo_mxi_chunk* x[4];
+      for (int i = 0; i < mr; ++i) x[i] = mxi_chunks_of(job->mxi, M, K, on[i]);
+      for (int64_t n = nb0; n < nb1;) {
+        const int nr = nb1 - n >= mxi_nr(isa, mr) ? mxi_nr(isa, mr) : 1;
+        const uint8_t* rows[8];
+        const uint8_t* srows[8];
+        float out[32];
+        for (int r = 0; r < nr; ++r) {
+          rows[r] = w->data + (n + r) * w->row_bytes;
+          srows[r] = w->scales + (n + r) * w->scales_per_row;
+        }
+#if QO_X86_AVX2
+        if (isa == QO_ISA_AVX512)
+          (vnni ? qoz_mxi_tiles_vnni : qoz_mxi_tiles)(mr, nr, x, rows, srows, nb, out);
+        else if (isa == QO_ISA_AVX2)
+          avx_mxi_tiles(mr, nr, x, rows, srows, nb, out);
+        else
+#endif
+          for (int i = 0; i < mr; ++i) out[i] = mxi_dot_portable(x[i], rows[0], srows[0], nb);
+        for (int r = 0; r < nr; ++r)
+          for (int i = 0; i < mr; ++i) {
+            if (mxi_pair_ok(&hdr[on[i]], smin[n + r - nb0], smax[n + r - nb0])) {
+              job->Y[on[i] * N + n + r] = out[i * nr + r];
+            } else {
+              one.A = job->A + on[i] * K;
+              one.Y = job->Y + on[i] * N;
+              portable_task(&one, n + r, n + r + 1);
+            }
+          }
+        n += nr;
+      }
+    }
+  }
+  if (one.failed) job->failed = 1;
+}
+
 /* Weight rows [n0, n1) of a job: the one dispatch point (also qo_cpu_weight_rows_f32's). */
 static void rows_task(qo_job* job, int64_t n0, int64_t n1) {
+  if (job->mxi) {
+    mxi_rows(job, n0, n1);
+    return;
+  }
 #if QO_X86_AVX2
   if (job->isa != QO_ISA_PORTABLE) {
     if (job->M > QO_GEMV_MAX_M)
@@ -977,8 +1544,15 @@ static int run_gemm(const float* A, int64_t M, int64_t N, int64_t K, const qo_we
   fp8_value_table();
   qo_job job = {A, M, N, K, w, row_scale, col_scale, col_scale_count, Y, QO_GEMV_ROWS, qo_cpu_isa(), NULL, 0};
   float* a_pack = NULL;
+  uint8_t* mxi = NULL;
+  if (w->fmt == QO_W_MXFP4) { /* A checked for the MXFP4 grid once (mxi_prepare) */
+    mxi = (uint8_t*)malloc((size_t)mxi_bytes(M, K));
+    if (!mxi) return QO_ERR_ALLOC;
+    if (mxi_prepare(A, M, K, mxi)) job.mxi = mxi;
+  }
+  if (M > QO_GEMV_MAX_M && job.mxi) job.rows_per_task = QO_PANEL_ROWS;
 #if QO_X86_AVX2
-  if (job.isa != QO_ISA_PORTABLE && M > QO_GEMV_MAX_M) {
+  if (job.isa != QO_ISA_PORTABLE && M > QO_GEMV_MAX_M && !job.mxi) {
     job.rows_per_task = QO_PANEL_ROWS;
     a_pack = (float*)malloc(sizeof(float) * (size_t)((M + 3) / 4 * 4 * (K / QO_LANES) * QO_LANES + 16));
     if (!a_pack) return QO_ERR_ALLOC;
@@ -996,6 +1570,7 @@ static int run_gemm(const float* A, int64_t M, int64_t N, int64_t K, const qo_we
     for (int64_t t = 0; t < tasks; ++t) gemm_task(&job, (size_t)t);
   }
   free(a_pack);
+  free(mxi);
   if (status == QO_OK && job.failed) status = QO_ERR_ALLOC;
   return status;
 }
@@ -1267,10 +1842,14 @@ int qo_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_
 static QO_THREAD_LOCAL float* tls_apack = NULL;
 static QO_THREAD_LOCAL size_t tls_apack_floats = 0;
 
-/* One block of weight rows on the calling thread, the gemm_task body with the caller's weight (qo_kernels.h). */
-int qo_cpu_weight_rows_f32(int fmt, const float* A, int64_t M, int64_t N, int64_t K, const uint8_t* B,
-                           const uint8_t* B_scale, float B_scale_2, const float* col_scale, int64_t col_scale_count,
-                           int64_t n0, int64_t n1, float* Y) {
+static QO_THREAD_LOCAL float* tls_mxi = NULL;
+static QO_THREAD_LOCAL size_t tls_mxi_floats = 0;
+
+/* One block of weight rows on the calling thread, the gemm_task body with the caller's weight. MXFP4: prep is A
+ * prepared by qo_cpu_mxfp4_prepare_a, or NULL (prepared here). */
+static int weight_rows(int fmt, const float* A, const float* prep, int64_t M, int64_t N, int64_t K, const uint8_t* B,
+                       const uint8_t* B_scale, float B_scale_2, const float* col_scale, int64_t col_scale_count,
+                       int64_t n0, int64_t n1, float* Y) {
   qo_weight w;
   switch (fmt) {
     case QO_FMT_FP8: weight_plain(&w, QO_W_FP8, B, K); break;
@@ -1281,8 +1860,17 @@ int qo_cpu_weight_rows_f32(int fmt, const float* A, int64_t M, int64_t N, int64_
   }
   fp8_value_table();
   qo_job job = {A, M, N, K, &w, NULL, col_scale, col_scale_count, Y, n1 - n0, qo_cpu_isa(), NULL, 0};
+  if (fmt == QO_FMT_MXFP4) { /* A checked for the MXFP4 grid, as run_gemm does */
+    if (!prep) {
+      prep = tls_grow(&tls_mxi, &tls_mxi_floats, (size_t)qo_cpu_mxfp4_prepared_floats(M, K));
+      if (!prep) return QO_ERR_ALLOC;
+      qo_cpu_mxfp4_prepare_a(A, M, K, (float*)prep);
+    }
+    for (int64_t m = 0; m < M && !job.mxi; ++m)
+      if (mxi_rows_of((const uint8_t*)prep)[m].ok) job.mxi = (const uint8_t*)prep;
+  }
 #if QO_X86_AVX2
-  if (job.isa != QO_ISA_PORTABLE && M > QO_GEMV_MAX_M) { /* A packed as run_gemm packs it, into this thread's buffer */
+  if (job.isa != QO_ISA_PORTABLE && M > QO_GEMV_MAX_M && !job.mxi) { /* A packed as run_gemm packs it */
     float* pack = tls_grow(&tls_apack, &tls_apack_floats, (size_t)((M + 3) / 4 * 4 * (K / QO_LANES) * QO_LANES + 16));
     if (!pack) return QO_ERR_ALLOC;
     job.a_pack = align64(pack);
@@ -1291,4 +1879,22 @@ int qo_cpu_weight_rows_f32(int fmt, const float* A, int64_t M, int64_t N, int64_
 #endif
   rows_task(&job, n0, n1);
   return job.failed ? QO_ERR_ALLOC : QO_OK;
+}
+
+int qo_cpu_weight_rows_f32(int fmt, const float* A, int64_t M, int64_t N, int64_t K, const uint8_t* B,
+                           const uint8_t* B_scale, float B_scale_2, const float* col_scale, int64_t col_scale_count,
+                           int64_t n0, int64_t n1, float* Y) {
+  return weight_rows(fmt, A, NULL, M, N, K, B, B_scale, B_scale_2, col_scale, col_scale_count, n0, n1, Y);
+}
+
+/* ---------------- MXFP4: A prepared once for many blocks of weight rows (qo_cpu_experts.c) ---------------- */
+int64_t qo_cpu_mxfp4_prepared_floats(int64_t M, int64_t K) { return (mxi_bytes(M, K) + 63) / 64 * 16; }
+
+void qo_cpu_mxfp4_prepare_a(const float* A, int64_t M, int64_t K, float* prepared) {
+  mxi_prepare(A, M, K, (uint8_t*)prepared);
+}
+
+int qo_cpu_mxfp4_rows_f32(const float* A, const float* prepared, int64_t M, int64_t N, int64_t K, const uint8_t* B,
+                          const uint8_t* B_scale, int64_t n0, int64_t n1, float* Y) {
+  return weight_rows(QO_FMT_MXFP4, A, prepared, M, N, K, B, B_scale, 0.0f, NULL, 1, n0, n1, Y);
 }

@@ -21,7 +21,9 @@
  * lane j accumulates k = 8i + j in increasing i by fmaf (one rounding per step) from +0, the K % 8 tail elements go
  * to lanes 0.. as their last step, the lanes fold as ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)), then one multiplication
  * by the output's scale (row scale * column scale). Decoded weights are exact, so nothing else rounds. Details in
- * qo_cpu_kernels.c. A caller that set the MXCSR DAZ bit gets the portable path (same bits, slower): the
+ * qo_cpu_kernels.c. MXFP4 rows of A that are on the MXFP4 grid (what a w_mxfp4_a_mxfp4 graph feeds) take exact
+ * per-block integer dot products and their own 16-lane order instead (qo_cpu_kernels.c, "MXFP4 with A on the MXFP4
+ * grid"): again the same bits on every path, M and thread count. A caller that set the MXCSR DAZ bit gets the portable path (same bits, slower): the
  * in-register route for subnormal e4m3 codes relies on denormal inputs being honoured.
  * fp16 tensors are passed as uint16_t bit patterns (A widened exactly, Y rounded to nearest even).
  * Return 0 on success, QO_ERR_* otherwise. */
@@ -131,6 +133,13 @@ enum { QO_FMT_FP8 = 0, QO_FMT_INT8 = 1, QO_FMT_MXFP4 = 3, QO_FMT_NVFP4 = 4, QO_F
 int qo_cpu_weight_rows_f32(int fmt, const float* A, int64_t M, int64_t N, int64_t K, const uint8_t* B,
                            const uint8_t* B_scale, float B_scale_2, const float* col_scale, int64_t col_scale_count,
                            int64_t n0, int64_t n1, float* Y);
+/* MXFP4 with A prepared once (qo_cpu_kernels.c's block-integer path checks each A row for the MXFP4 grid):
+ * qo_cpu_mxfp4_prepared_floats(M, K) floats written by qo_cpu_mxfp4_prepare_a, then any number of
+ * qo_cpu_mxfp4_rows_f32 calls on those rows: the same outputs as qo_cpu_weight_rows_f32(QO_FMT_MXFP4, ...). */
+int64_t qo_cpu_mxfp4_prepared_floats(int64_t M, int64_t K);
+void qo_cpu_mxfp4_prepare_a(const float* A, int64_t M, int64_t K, float* prepared);
+int qo_cpu_mxfp4_rows_f32(const float* A, const float* prepared, int64_t M, int64_t N, int64_t K, const uint8_t* B,
+                          const uint8_t* B_scale, int64_t n0, int64_t n1, float* Y);
 /* The same for a 4-bit weight (qo_cpu_int4.c; QO_FMT_INT4 is not a qo_cpu_weight_rows_f32 format): B / scales /
  * zero_points as qo_matmul_int4_f32 takes them. Its SIMD paths read A prepared once per A (the rows reordered for
  * their lanes): qo_cpu_int4_prepared_floats(M, K, block) floats (0: the path reads A itself, prepared may be NULL),
