@@ -296,7 +296,8 @@ LM_HEAD_SCHEMES = {"int8": (FloatToInt8Linear, "quantizes a copy of it to 8 bits
                    "bf16": (FloatBf16Linear, "reads its bf16 bits (one table with embedding=bf16, else a copy)")}
 
 AMD_EPS = ("rocm", "migraphx")  # --extra_options amd_arch (builder/quant/mx_gemm.py)
-OPTION_CHOICES = {**EP_OVERRIDES, "amd_arch": AMD_ARCHES, "moe": MOE_FORMS, "int4_experts": INT4_EXPERTS_FORMS, "lm_head": LM_HEAD_FORMS,
+OPTION_CHOICES = {**EP_OVERRIDES, "amd_arch": AMD_ARCHES,
+                  "moe": MOE_FORMS, "int4_experts": INT4_EXPERTS_FORMS, "lm_head": LM_HEAD_FORMS,
                   "prefill_logits": ("all", "last")}
 
 

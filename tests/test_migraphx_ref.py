@@ -115,7 +115,9 @@ def test_build_script_keys_its_cache_by_commit_and_refuses_a_non_repository(tmp_
     assert bad.returncode == 2 and "not a git repository" in bad.stderr
 
 
-QUARK_EXPORTS = [("llama_h64", "uint4_g64"), ("llama_h64", "fp8_w8a8_kv_attn"), ("gpt_oss", "uint4_g32")]
+QUARK_EXPORTS = [("llama_h64", "uint4_g64"), ("llama_h64", "fp8_w8a8_kv_attn"), ("gpt_oss", "uint4_g32"),
+                 ("llama_h64", "mxfp4"),
+                 ("deepseek_v3", "mxfp4")]
 
 
 @pytest.mark.parametrize("recipe,shared", [("uint4_g64", True), ("fp8_w8a8_kv_attn", False)])
@@ -231,3 +233,57 @@ def test_gfx950_forms_on_migraphx_ref(tmp_path):
     assert not init["ok"] or init["max_abs_diff"] > 1e-3 * init["scale"], init
     for name in ("fp4_q_act", "mx_dot"):
         assert rows[name]["ok"] and rows[name]["max_abs_diff"] <= 1e-5 * rows[name]["scale"], (name, rows[name])
+
+
+# amd_arch=gfx950 (builder/quant/mx_gemm.py): ORT CPU cannot run float4e2m1 Q/DQ, so MIGraphX ref runs the gfx950
+# graph and ORT CPU the default graph of the same export; both are also compared with Quark's own prompt logits.
+GFX950_CASES = "llama_h64:mxfp4,deepseek_v3:mxfp4,qwen3_moe:mxfp4"
+
+
+@pytest.mark.heavy
+def test_gfx950_mx_form_matches_ort_cpu_default_form_and_quark_on_migraphx_ref(tmp_path):
+    lib = _lib_or_skip()
+    r = _run_tool(lib, "migraphx_ref_compare.py",
+                  ["--tiny", "--recipes", "", "--families", GFX950_CASES, "--eps", "rocm",
+                   "--extra_options", "amd_arch=gfx950", "--ort-extra_options", "--json", str(tmp_path / "r.json")],
+                  timeout=1800)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads((tmp_path / "r.json").read_text())
+    assert [row["name"] for row in rows] == [c.replace(":", " ") for c in GFX950_CASES.split(",")]
+    for row in rows:
+        assert row["parses"] is True and len(row["decode_steps"]) == DECODE_STEPS_EXPECTED, row
+        assert row["prompt"] < TOL and row["decode"] < TOL, row
+        # as close to Quark's model as the default graph on ORT CPU is (tiny models: both ~1e-6)
+        assert row["quark_prompt"] <= row["ort_quark_prompt"] + TOL, row
+
+
+DECODE_STEPS_EXPECTED = 3
+
+
+def test_gfx950_mx_form_becomes_mx_quant_dot_in_simplify_qdq(quark_exports, tmp_path):
+    """MIGraphX's own simplify_qdq (tools/migraphx_mx_matcher_check.py: parse + the GPU pipeline's start, no GPU)
+    turns every amd_arch=gfx950 MX linear into a 4-input quant_dot with use_mx_quant (gfx950), keeps every Q/DQ pair
+    without it (gfx94x: computed in float, ops/keep_fake_quant.py), and finds no MX GEMM in the default graph."""
+    lib = _lib_or_skip()
+    import shutil
+    if shutil.which("clang++") is None:
+        pytest.skip("clang++ not found (tools/migraphx_ref.sh builds with it)")
+    sys.path.insert(0, str(REPO / "tools"))
+    sys.path.insert(0, str(REPO / "tests"))
+    from migraphx_mx_matcher_check import check
+    from onnx_helpers import build
+    from test_amd_arch_gfx950 import _mx_matmuls
+    import onnx
+    for shape, precision in (("llama_h64", "fp16"), ("deepseek_v3", "fp32")):
+        export = quark_exports(shape, "mxfp4")
+        gfx950 = build(export, tmp_path / f"{shape}-gfx950", "rocm", precision, amd_arch="gfx950")
+        default = build(export, tmp_path / f"{shape}-default", "rocm", precision)
+        model = onnx.load(str(gfx950 / "model.onnx"), load_external_data=False)
+        n_mx = len(_mx_matmuls(model))
+        n_q = sum(n.op_type == "QuantizeLinear" for n in model.graph.node)
+        n_dq = sum(n.op_type == "DequantizeLinear" for n in model.graph.node)
+        got = check(gfx950, lib)
+        assert n_mx > 0 and got["gfx950"]["quant_dot_mx"] == n_mx, (shape, got)
+        assert got["without_mx"]["quant_dot_mx"] == 0 and got["without_mx"]["quantizelinear"] == n_q, (shape, got)
+        assert got["without_mx"]["dequantizelinear"] >= n_dq, (shape, got)
+        assert check(default, lib)["gfx950"]["quant_dot_mx"] == 0

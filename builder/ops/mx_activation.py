@@ -114,12 +114,12 @@ def emit_fp4_activation_qdq(ctx, x: str, spec: Fp4ActivationSpec, prefix: str) -
 
 
 def emit_mx_activation_fp4_qdq(ctx, x: str, spec: Fp4ActivationSpec, prefix: str, k: int) -> str:
-    """x [..., K] in the io dtype -> Quark's MXFP4 fake-quantized x as a float4e2m1 Q/DQ pair (amd_arch=gfx950,
-    builder/quant/mx_gemm.py): the same block scale as emit_fp4_activation_qdq (_mx_block_scale), reshaped to
-    [..., K/32], then QuantizeLinear(x, scale, axis -1, block 32, output_dtype float4e2m1) and DequantizeLinear(.,
-    scale) in float32 and a Cast to the io dtype. The pair's e2m1 rounding replaces _e2m1_round (MIGraphX:
-    op/builder/quantizelinear.cpp handle_fp4x2 -> pack_fp4, fp4_casts.hpp cast_to_fp4: nearest, ties to even,
-    saturating at 6, the rounding _e2m1_round writes out). Opset 23; cached per input like the Round form."""
+    """x [..., K] in the io dtype -> Quark's MXFP4 fake-quantized x as a float4e2m1 Q/DQ pair, float32
+    (amd_arch=gfx950, builder/quant/mx_gemm.py, whose MatMul runs in float32). The block scale is
+    emit_fp4_activation_qdq's (_mx_block_scale), reshaped to [..., K/32]; then QuantizeLinear(x, scale, axis -1,
+    block 32, output_dtype float4e2m1) and DequantizeLinear(., scale). The pair's e2m1 rounding replaces
+    _e2m1_round (MIGraphX: op/builder/quantizelinear.cpp handle_fp4x2 -> pack_fp4, fp4_casts.hpp cast_to_fp4:
+    nearest, ties to even, saturating at 6, the rounding _e2m1_round writes out). Opset 23; cached per input."""
     g = ctx.graph
     c = _consts(g)
     cache = _CACHE[g]["qdq"]
@@ -138,8 +138,6 @@ def emit_mx_activation_fp4_qdq(ctx, x: str, spec: Fp4ActivationSpec, prefix: str
     q = g.op("QuantizeLinear", [x32, scale], f"{p}/ToFp4", axis=-1, block_size=spec.group_size,
              output_dtype=TensorProto.FLOAT4E2M1)
     y = g.op("DequantizeLinear", [q, scale], f"{p}/FromFp4", axis=-1, block_size=spec.group_size)
-    if ctx.io != "fp32":
-        y = g.op("Cast", [y], f"{p}/CastIo", to=ctx.io_type)
     cache[key] = y
     return y
 

@@ -1,10 +1,11 @@
 """`--extra_options amd_arch=gfx950` on -e rocm / -e migraphx: MXFP4 linears in the form MIGraphX lowers to gfx950's
 native MX FP4 GEMM (a 4-input quant_dot), instead of today's io-dtype GEMM on a decoded weight.
 
-    x ─► [Cast f32] ─► QuantizeLinear(s_x, float4e2m1, axis -1, block 32) ─► DequantizeLinear(s_x) ─► [Cast io] ─┐
-          s_x = Quark's `even` e8m0 block scale, computed in ops (ops/mx_activation.py)                        MatMul
-    int8 2*e2m1 [K, N] ─► DequantizeLinear(0.5) ─► QuantizeLinear(1, float4e2m1, axis 0, block 32)             │
-                       ─► DequantizeLinear(e8m0 block scales [K/32, N], axis 0, block 32) ─────────────────────┘
+    x ─► [Cast f32] ─► QuantizeLinear(s_x, float4e2m1, axis -1, block 32) ─► DequantizeLinear(s_x) ─┐
+         s_x = Quark's `even` e8m0 block scale, computed in ops (ops/mx_activation.py)                │
+    int8 2*e2m1 [K, N] ─► DequantizeLinear(0.5) ─► QuantizeLinear(1, float4e2m1, axis 0, block 32)  MatMul (f32)
+        ─► DequantizeLinear(e8m0 block scales [K/32, N], axis 0, block 32) ─────────────────────────┘    │
+                                                                                              [Cast io] ◄┘
 
 Why this form (AMDMIGraphX f729a52, read from source; docs/amd_generations.md):
   - src/targets/gpu/target.cpp runs simplify_qdq{.use_mx_quant = gfx_has_mx_intrinsics()} (gfx950 only:
@@ -60,12 +61,16 @@ def mx_gemm_applies(ep, plan, mx_activations: str = "emulate") -> str | None:
 
 
 def emit_weight_mx(ctx, plan, w) -> str:
-    """The weight operand [K, N] in the io dtype: DQ(int8 2*e2m1, 0.5) -> Q(ones, float4e2m1) -> DQ(block scales)."""
+    """The weight operand [K, N] in float32: DQ(int8 2*e2m1, 0.5) -> Q(ones, float4e2m1) -> DQ(block scales)."""
     from .mxfp4 import scales_in_io  # late: mxfp4 imports this module
     g = ctx.graph
     g.opsets[""] = max(g.opsets[""], MX_GEMM_OPSET)
     q_kn = np.ascontiguousarray(fp4_codes.E2M1_DOUBLED[w.codes].T)              # int8 [K, N]
-    s_kn = np.ascontiguousarray(scales_in_io(ctx, plan, w).T)                  # io dtype [K/32, N]
+    # float32 [K/32, N] (values the io dtype holds: scales_in_io refuses others). The whole chain stays float32, as
+    # the activation side does: MIGraphX's 4-input quant_dot needs both block scales of one type (check_shapes
+    # same_type), and remove_qdq_pairs' compare_literals throws on literals of two types (raw_data.hpp visit_all;
+    # both measured on fp16 graphs).
+    s_kn = np.ascontiguousarray(scales_in_io(ctx, plan, w).T).astype(np.float32)
     p = plan.node_prefix
     wq = g.initializer(f"{plan.name}.weight_e2m1x2.T", q_kn)
     half, ones = "mx_gemm.half", f"mx_gemm.ones_{s_kn.shape[0]}x{s_kn.shape[1]}"  # shared by the layers
@@ -78,6 +83,16 @@ def emit_weight_mx(ctx, plan, w) -> str:
                output_dtype=TensorProto.FLOAT4E2M1)
     ws = g.initializer(f"{plan.name}.weight_block_scale.T", s_kn)
     return g.op("DequantizeLinear", [fp4, ws], f"{p}/WeightFromFp4", axis=0, block_size=w.group)
+
+
+def emit_mx_matmul(ctx, plan, xq: str, wt: str) -> str:
+    """MatMul of the two float32 MX operands, then the io dtype. Not a MatMul in the io dtype: on an fp16 graph the
+    MX rule's quant_dot (float output) would replace the half dot without a convert back (simplify_qdq.cpp
+    match_find_mx_quantizable_ops::apply, unlike match_find_quantizable_ops), and the next half op fails to compile
+    ("concat: Types do not match", measured with tools/migraphx_mx_matcher_check.py)."""
+    g = ctx.graph
+    y = g.op("MatMul", [xq, wt], f"{plan.node_prefix}/MatMul")
+    return y if ctx.io == "fp32" else g.op("Cast", [y], f"{plan.node_prefix}/CastIo", to=ctx.io_type)
 
 
 DESCRIBE = ("MXFP4 activations (Quark's even block scale) and weights (int8 2*e2m1 -> DQ(0.5)) each through "

@@ -31,7 +31,7 @@ from . import fp4_codes
 from .fp4_int8_dq import DESCRIBE as DQ_INT8_DESCRIBE
 from .fp4_int8_dq import emit_weight_dq_int8
 from .mx_gemm import DESCRIBE as MX_GEMM_DESCRIBE
-from .mx_gemm import emit_weight_mx, mx_gemm_applies
+from .mx_gemm import emit_mx_matmul, emit_weight_mx, mx_gemm_applies
 from .base import LinearPlan, Scheme
 
 FP4_LINEAR_METHODS = ("compact", "matmul_nbits8", "native", "dq_fp8", "dq_int8", "dense")
@@ -218,8 +218,7 @@ class Mxfp4Linear(Scheme):
         if mx_gemm_applies(ctx.ep, plan, ctx.options.mx_activations) is None:  # amd_arch=gfx950 (quant/mx_gemm.py)
             spec = Fp4ActivationSpec("mxfp4", MXFP4_GROUP, a[0].scale_calculation_mode or "even")
             xq = emit_mx_activation_fp4_qdq(ctx, x, spec, plan.node_prefix, plan.in_features)
-            wt = emit_weight_mx(ctx, plan, cls.load(plan, ctx.ckpt))
-            return ctx.graph.op("MatMul", [xq, wt], f"{plan.node_prefix}/MatMul")
+            return emit_mx_matmul(ctx, plan, xq, emit_weight_mx(ctx, plan, cls.load(plan, ctx.ckpt)))
         if a and emulate_activations(ctx):
             spec = Fp4ActivationSpec("mxfp4", MXFP4_GROUP, a[0].scale_calculation_mode or "even")
             x = emit_fp4_activation_qdq(ctx, x, spec, plan.node_prefix)
