@@ -26,6 +26,11 @@ CACHE = Path(os.environ.get("MIGRAPHX_REF_CACHE", Path.home() / ".cache" / "quar
 TOL = 1e-5
 # -e rocm conversions the builder refuses before writing anything (tests/test_gpt_oss.py, tests/test_qwen3_moe.py)
 # (gpt-oss converts for rocm since its sinks moved to an explicit attention subgraph: builder/ops/sink_attention.py)
+# Rows with a measured, explained larger difference. qwen3_moe int8_w8a8: MIGraphX ref's summation order moves one
+# static int8 activation code by one step (layer 2 q_proj input, token 0, element 15: 50 on ORT CPU, 49 on ref;
+# found by comparing every int8 QuantizeLinear output of the prompt, Dec 2026), and attention carries it on: 1.6e-2
+# prompt / 9.4e-3 decode. The same element flips with the CPU library's summation order (docs/moe.md); not an expert.
+KNOWN_BOUNDARY = {"qwen3_moe int8_w8a8": 2e-2, "qwen3_moe int8_w8a8 [migraphx]": 2e-2}
 EXPECTED_REFUSALS = {"qwen3_moe ptpc_fp8": "dynamic per-channel (PTPC) activations on MoE experts",
                      "qwen3_moe ptpc_fp8 [migraphx]": "dynamic per-channel (PTPC) activations on MoE experts"}
 
@@ -75,7 +80,8 @@ def test_rocm_outputs_match_ort_cpu_on_migraphx_ref(tmp_path):
         assert row["parses"] is True, (row["name"], row["prompt"])
         assert len(row["decode_steps"]) == DECODE_STEPS, (row["name"], row["decode"])
         for case in ("prompt", "decode"):
-            assert isinstance(row[case], float) and row[case] < TOL, (row["name"], case, row[case])
+            bound = KNOWN_BOUNDARY.get(row["name"], TOL)
+            assert isinstance(row[case], float) and row[case] < bound, (row["name"], case, row[case])
 
 
 @pytest.mark.heavy
