@@ -39,6 +39,7 @@ from .quant.float_linear import FloatLinear
 from .quant.fp8_w8a8 import FP8_LINEAR_FORMS
 from .quant.int8_w8a8 import INT8_LINEAR_FORMS
 from .quant.int_weight_only import INT4_LINEAR_FORMS
+from .quant.mx_gemm import AMD_ARCHES
 from .quant.mxfp4 import FP4_LINEAR_METHODS, MX_ACTIVATION_OPTIONS
 from .quark_reader import QuarkConfig, read_model_config
 
@@ -294,7 +295,9 @@ EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "int8_linear": INT8_LINEAR_FORMS
 LM_HEAD_SCHEMES = {"int8": (FloatToInt8Linear, "quantizes a copy of it to 8 bits"),
                    "bf16": (FloatBf16Linear, "reads its bf16 bits (one table with embedding=bf16, else a copy)")}
 
-OPTION_CHOICES = {**EP_OVERRIDES, "moe": MOE_FORMS, "int4_experts": INT4_EXPERTS_FORMS, "lm_head": LM_HEAD_FORMS,
+AMD_EPS = ("rocm", "migraphx")  # --extra_options amd_arch (builder/quant/mx_gemm.py)
+OPTION_CHOICES = {**EP_OVERRIDES, "amd_arch": AMD_ARCHES,
+                  "moe": MOE_FORMS, "int4_experts": INT4_EXPERTS_FORMS, "lm_head": LM_HEAD_FORMS,
                   "prefill_logits": ("all", "last")}
 
 
@@ -309,6 +312,13 @@ def check_options(options: BuildOptions) -> None:
 
 def apply_ep_overrides(ep: EPConfig, options: BuildOptions) -> EPConfig:
     """The EP profile with the user's per-scheme form choices applied (refused where the EP cannot read the form)."""
+    arch = options.extra.get("amd_arch")
+    if arch is not None:
+        if ep.name not in AMD_EPS:
+            raise ConversionError(f"amd_arch chooses AMD GPU graph forms; it applies to {', '.join(AMD_EPS)}, not "
+                                  f"-e {ep.name}", field="--extra_options amd_arch", value=arch,
+                                  accepted=f"-e {' or -e '.join(AMD_EPS)}")
+        ep = replace(ep, amd_arch=arch)
     for key in EP_OVERRIDES:
         if options.extra.get(key) == compact_forms.COMPACT and ep.name != "cpu":
             raise ConversionError(f"{key}=compact is a cpu EP form (its kernels are CPU kernels)",

@@ -377,8 +377,11 @@ def _mgx_node_types(node, view):
     where = [(f"tensor '{name}'", view.type_of(name)) for name in list(node.input) + list(node.output) if name]
     if node.op_type in ("Cast",) and node.domain in ("", "ai.onnx"):
         where.append(("attribute to", attr(node, "to")))             # parse_cast.cpp: get_type(to)
-    if node.op_type == "QuantizeLinear":
-        where.append(("attribute output_dtype", attr(node, "output_dtype")))  # parse_quantizelinear.cpp
+    if node.op_type == "QuantizeLinear" and attr(node, "output_dtype") != TensorProto.FLOAT4E2M1:
+        # parse_quantizelinear.cpp: get_type(output_dtype); float4e2m1 (fp4x2) is not a tensor read from bytes there:
+        # op/builder/quantizelinear.cpp handle_fp4x2 emits quantizelinear + pack_fp4 + unpack_fp4 (amd_arch=gfx950;
+        # tools/migraphx_gfx950_probe.py fp4_q_act / mx_dot parse and run)
+        where.append(("attribute output_dtype", attr(node, "output_dtype")))
     if node.op_type in ("Constant", "ConstantOfShape"):
         for a in node.attribute:                                     # parse_constant.cpp -> parse_tensor
             if a.type == onnx.AttributeProto.TENSOR:

@@ -206,7 +206,7 @@ class GraphBuilder:
         model = helper.make_model(
             graph, opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(self.opsets.items())],
             producer_name=producer, functions=list(self.functions.values()))
-        model.ir_version = 10
+        model.ir_version = 11 if self.opsets[""] >= 23 else 10  # float4e2m1 (opset 23, amd_arch=gfx950): IR 11
         for k, v in sorted((metadata or {}).items()):
             model.metadata_props.add(key=k, value=str(v))
         with open(model_path, "wb") as fh:

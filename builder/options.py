@@ -94,6 +94,14 @@ def _has_fp4(plan) -> bool:
     return any(lp.scheme.__name__ in ("Mxfp4Linear", "Nvfp4Linear") for lp in plan.linears.values())
 
 
+def _has_mx_gemm(plan) -> bool:
+    """amd_arch changes the graph: some MXFP4 linear takes gfx950's MX GEMM form (builder/quant/mx_gemm.py)."""
+    from .quant.mx_gemm import mx_gemm_applies
+    return plan.ep.amd_arch == "any" or any(
+        lp.scheme.__name__ == "Mxfp4Linear" and mx_gemm_applies(plan.ep, lp, plan.options.mx_activations) is None
+        for name, lp in plan.linears.items() if ".experts." not in name or plan.options.extra.get("moe") == "dense")
+
+
 def _has_moe(plan) -> bool:
     return hasattr(plan.hp, "num_experts")
 
@@ -135,6 +143,10 @@ OPTIONS: dict[str, Option] = {
                           "(cpu: com.quark_onnx MatMulUint4/MatMulInt4, fp32 activations, exact; custom-op library)"),
     "fp4_linear": Option(_choices_of(("builder.quant.mxfp4", "FP4_LINEAR_METHODS")), _has_fp4,
                          "FP4 weight form (overrides the EP profile)"),
+    "amd_arch": Option(_choices_of(("builder.quant.mx_gemm", "AMD_ARCHES")), _has_mx_gemm,
+                       "-e rocm / -e migraphx target chip: any (forms every gfx parses; default) | gfx950 (MXFP4 "
+                       "linears as float4e2m1 Q/DQ on both MatMul operands, which MIGraphX lowers to gfx950's MX FP4 "
+                       "GEMM; opset 23; ORT CPU cannot run it)"),
     "fuse_projections": Option(choice("0", "1", "true", "false", convert=lambda t: t in ("1", "true")),
                                _has_fusable, "one matmul for q/k/v and for gate/up where the schemes agree: 1|0"),
     "moe": Option(_choices_of(("builder.ops.moe", "MOE_FORMS")), _has_moe,

@@ -9,7 +9,9 @@ MatMulNBits 6e-7 and GroupQueryAttention 5e-7 on one-node graphs; whole tiny mod
 The tiny set covers every MoE family x expert scheme of docs/moe.md's table (routed standard-op form: the 8-token
 prompt takes the If's every-expert branch, each decoded token the routed Gather branch) and gpt-oss's explicit sink
 attention, each built for -e rocm and -e migraphx, and decodes as onnxruntime-genai does: several tokens, each
-runtime fed back its own KV cache.
+runtime fed back its own KV cache. The amd_arch=gfx950 graphs (float4e2m1 Q/DQ, which ORT CPU cannot run) are run in
+MIGraphX ref against ORT CPU on the default graph of the same export and against Quark's logits, and MIGraphX's own
+simplify_qdq is run on them to show the gfx950 MX rule turns every MX linear into a 4-input quant_dot.
 """
 from __future__ import annotations
 
@@ -26,6 +28,11 @@ CACHE = Path(os.environ.get("MIGRAPHX_REF_CACHE", Path.home() / ".cache" / "quar
 TOL = 1e-5
 # -e rocm conversions the builder refuses before writing anything (tests/test_gpt_oss.py, tests/test_qwen3_moe.py)
 # (gpt-oss converts for rocm since its sinks moved to an explicit attention subgraph: builder/ops/sink_attention.py)
+# Rows with a measured, explained larger difference. qwen3_moe int8_w8a8: MIGraphX ref's summation order moves one
+# static int8 activation code by one step (layer 2 q_proj input, token 0, element 15: 50 on ORT CPU, 49 on ref;
+# found by comparing every int8 QuantizeLinear output of the prompt, Dec 2026), and attention carries it on: 1.6e-2
+# prompt / 9.4e-3 decode. The same element flips with the CPU library's summation order (docs/moe.md); not an expert.
+KNOWN_BOUNDARY = {"qwen3_moe int8_w8a8": 2e-2, "qwen3_moe int8_w8a8 [migraphx]": 2e-2}
 EXPECTED_REFUSALS = {"qwen3_moe ptpc_fp8": "dynamic per-channel (PTPC) activations on MoE experts",
                      "qwen3_moe ptpc_fp8 [migraphx]": "dynamic per-channel (PTPC) activations on MoE experts"}
 
@@ -75,7 +82,8 @@ def test_rocm_outputs_match_ort_cpu_on_migraphx_ref(tmp_path):
         assert row["parses"] is True, (row["name"], row["prompt"])
         assert len(row["decode_steps"]) == DECODE_STEPS, (row["name"], row["decode"])
         for case in ("prompt", "decode"):
-            assert isinstance(row[case], float) and row[case] < TOL, (row["name"], case, row[case])
+            bound = KNOWN_BOUNDARY.get(row["name"], TOL)
+            assert isinstance(row[case], float) and row[case] < bound, (row["name"], case, row[case])
 
 
 @pytest.mark.heavy
@@ -115,7 +123,9 @@ def test_build_script_keys_its_cache_by_commit_and_refuses_a_non_repository(tmp_
     assert bad.returncode == 2 and "not a git repository" in bad.stderr
 
 
-QUARK_EXPORTS = [("llama_h64", "uint4_g64"), ("llama_h64", "fp8_w8a8_kv_attn"), ("gpt_oss", "uint4_g32")]
+QUARK_EXPORTS = [("llama_h64", "uint4_g64"), ("llama_h64", "fp8_w8a8_kv_attn"), ("gpt_oss", "uint4_g32"),
+                 ("llama_h64", "mxfp4"),
+                 ("deepseek_v3", "mxfp4")]
 
 
 @pytest.mark.parametrize("recipe,shared", [("uint4_g64", True), ("fp8_w8a8_kv_attn", False)])
@@ -231,3 +241,59 @@ def test_gfx950_forms_on_migraphx_ref(tmp_path):
     assert not init["ok"] or init["max_abs_diff"] > 1e-3 * init["scale"], init
     for name in ("fp4_q_act", "mx_dot"):
         assert rows[name]["ok"] and rows[name]["max_abs_diff"] <= 1e-5 * rows[name]["scale"], (name, rows[name])
+
+
+# amd_arch=gfx950 (builder/quant/mx_gemm.py): ORT CPU cannot run float4e2m1 Q/DQ, so MIGraphX ref runs the gfx950
+# graph and ORT CPU the default graph of the same export; both are also compared with Quark's own prompt logits.
+GFX950_CASES = "llama_h64:mxfp4,deepseek_v3:mxfp4,qwen3_moe:mxfp4"
+
+
+@pytest.mark.heavy
+def test_gfx950_mx_form_matches_ort_cpu_default_form_and_quark_on_migraphx_ref(tmp_path):
+    lib = _lib_or_skip()
+    r = _run_tool(lib, "migraphx_ref_compare.py",
+                  ["--tiny", "--recipes", "", "--families", GFX950_CASES, "--eps", "rocm",
+                   "--extra_options", "amd_arch=gfx950", "--ort-extra_options", "--json", str(tmp_path / "r.json")],
+                  timeout=1800)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads((tmp_path / "r.json").read_text())
+    # llama_h64 rows are named by the recipe alone (migraphx_ref_compare.tiny_models)
+    assert [row["name"] for row in rows] == [c.split(":")[1] if c.startswith("llama_h64:") else c.replace(":", " ")
+                                             for c in GFX950_CASES.split(",")]
+    for row in rows:
+        assert row["parses"] is True and len(row["decode_steps"]) == DECODE_STEPS_EXPECTED, row
+        assert row["prompt"] < TOL and row["decode"] < TOL, row
+        # as close to Quark's model as the default graph on ORT CPU is (tiny models: both ~1e-6)
+        assert row["quark_prompt"] <= row["ort_quark_prompt"] + TOL, row
+
+
+DECODE_STEPS_EXPECTED = 3
+
+
+def test_gfx950_mx_form_becomes_mx_quant_dot_in_simplify_qdq(quark_exports, tmp_path):
+    """MIGraphX's own simplify_qdq (tools/migraphx_mx_matcher_check.py: parse + the GPU pipeline's start, no GPU)
+    turns every amd_arch=gfx950 MX linear into a 4-input quant_dot with use_mx_quant (gfx950), keeps every Q/DQ pair
+    without it (gfx94x: computed in float, ops/keep_fake_quant.py), and finds no MX GEMM in the default graph."""
+    lib = _lib_or_skip()
+    import shutil
+    if shutil.which("clang++") is None:
+        pytest.skip("clang++ not found (tools/migraphx_ref.sh builds with it)")
+    sys.path.insert(0, str(REPO / "tools"))
+    sys.path.insert(0, str(REPO / "tests"))
+    from migraphx_mx_matcher_check import check
+    from onnx_helpers import build
+    from test_amd_arch_gfx950 import _mx_matmuls
+    import onnx
+    for shape, precision in (("llama_h64", "fp16"), ("deepseek_v3", "fp32")):
+        export = quark_exports(shape, "mxfp4")
+        gfx950 = build(export, tmp_path / f"{shape}-gfx950", "rocm", precision, amd_arch="gfx950")
+        default = build(export, tmp_path / f"{shape}-default", "rocm", precision)
+        model = onnx.load(str(gfx950 / "model.onnx"), load_external_data=False)
+        n_mx = len(_mx_matmuls(model))
+        n_q = sum(n.op_type == "QuantizeLinear" for n in model.graph.node)
+        n_dq = sum(n.op_type == "DequantizeLinear" for n in model.graph.node)
+        got = check(gfx950, lib)
+        assert n_mx > 0 and got["gfx950"]["quant_dot_mx"] == n_mx, (shape, got)
+        assert got["without_mx"]["quant_dot_mx"] == 0 and got["without_mx"]["quantizelinear"] == n_q, (shape, got)
+        assert got["without_mx"]["dequantizelinear"] >= n_dq, (shape, got)
+        assert check(default, lib)["gfx950"]["quant_dot_mx"] == 0

@@ -13,6 +13,9 @@ reported in its place). MIGraphX compiles per input shape (the MIGraphX EP does 
 and compiled again with that step's shapes.
 --eps rocm,migraphx converts each export for both EPs; where the two graphs are byte-identical the second row
 repeats the first's figures (`same_graph_as`).
+--ort-extra_options KEY=VALUE ...: ORT CPU runs the same export converted with THESE options instead (e.g. none for
+the default forms while --extra_options amd_arch=gfx950 builds the float4e2m1 graph ORT CPU has no kernel for); each
+row then also gives both runtimes' prompt logits against Quark's own (reference.npz `logits`, tests/quark_factory.py).
 ORT CPU runs at graph optimization level basic, so its DQ(int8) -> MatMul -> MatMulNBits fusion (accuracy_level 4)
 does not quantize activations (ort_facts.md); MIGraphX computes the same graph in fp32.
 Output order: MIGraphX's parser returns the graph outputs in graph.output order (onnx_parser.cpp parse_graph,
@@ -89,13 +92,20 @@ class MigraphxError(Exception):
 DECODE_STEPS = 3
 
 
-def compare(model_dir: Path, ids: np.ndarray, decode_steps: int = DECODE_STEPS) -> dict:
+def compare(model_dir: Path, ids: np.ndarray, decode_steps: int = DECODE_STEPS, ort_dir: Path | None = None,
+            quark_logits: np.ndarray | None = None) -> dict:
+    """MIGraphX ref on model_dir vs ORT CPU on ort_dir (default: the same graph); with quark_logits (Quark's prompt
+    logits for ids), both runtimes' prompt logits against them too (`quark_prompt`, `ort_quark_prompt`)."""
     model = model_dir / "model.onnx"
     genai = json.loads((model_dir / "genai_config.json").read_text())
     shared = bool(genai["search"].get("past_present_share_buffer", False))
+    if ort_dir is not None:
+        ort_genai = json.loads((ort_dir / "genai_config.json").read_text())
+        if bool(ort_genai["search"].get("past_present_share_buffer", False)) != shared:
+            raise ValueError(f"{ort_dir} and {model_dir} feed their caches differently (past_present_share_buffer)")
     if shared and ids.shape[1] + decode_steps > BUFFER:
         raise ValueError(f"{ids.shape[1]} + {decode_steps} tokens do not fit the {BUFFER}-row shared buffer")
-    sess = _ort_session(model)
+    sess = _ort_session((ort_dir or model_dir) / "model.onnx")
     names = [o.name for o in sess.get_outputs()]
     row = {"model": model_dir.name, "share_buffer": shared, "parses": None, "decode_steps": []}
 
@@ -120,6 +130,9 @@ def compare(model_dir: Path, ids: np.ndarray, decode_steps: int = DECODE_STEPS) 
                             - ort_out["logits"].astype(np.float32)).max())
         if step == 0:
             row["prompt"] = diff
+            if quark_logits is not None:
+                for key, out in (("quark_prompt", mgx_out), ("ort_quark_prompt", ort_out)):
+                    row[key] = float(np.abs(out["logits"].astype(np.float32) - quark_logits).max())
         else:
             row["decode_steps"].append(diff)
             row["decode"] = max(row["decode_steps"])
@@ -146,21 +159,25 @@ def _graph_digest(folder: Path) -> str:
 # standard-op form; the 8-token prompt takes its every-expert If branch, since 8 > E/k, and each decoded token the
 # routed Gather branch), plus the KV-cache / attention variants the family tests make. gpt-oss: the explicit sink
 # attention subgraph (builder/ops/sink_attention.py) with a growing cache.
-MOE_TABLE = {"qwen3_moe": ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8"),
-             "qwen2_moe": ("uint4_g32", "mxfp4", "fp8_w8a8"),
-             "mixtral": ("uint4_g32", "int4_per_channel", "mxfp4", "fp8_w8a8"),
-             "gpt_oss": ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8"),
+MOE_TABLE = {"qwen3_moe": ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8", "nvfp4",
+                           "int8_w8a8"),
+             "qwen2_moe": ("uint4_g32", "mxfp4", "fp8_w8a8", "nvfp4", "int8_w8a8"),
+             "mixtral": ("uint4_g32", "int4_per_channel", "mxfp4", "fp8_w8a8", "nvfp4", "int8_w8a8"),
+             "gpt_oss": ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8", "nvfp4",
+                         "int8_w8a8"),
              "deepseek_v3": ("uint4_g32", "mxfp4")}
 FAMILY_CASES = tuple((f, r) for f, rs in MOE_TABLE.items() for r in rs) + (
     ("qwen3_moe", "fp8_w8a8_kv"), ("qwen3_moe", "ptpc_fp8"), ("deepseek_v3", "fp8_w8a8_kv"),
     ("deepseek_v3", "mxfp4_attn_kv"), ("gpt_oss_yarn", "mxfp4"))
 
 
-def tiny_models(work: Path, cases, eps=("rocm",), extra: tuple[str, ...] = ()
-                ) -> list[tuple[str, Path | str, np.ndarray | None]]:
+def tiny_models(work: Path, cases, eps=("rocm",), extra: tuple[str, ...] = (), ort_extra: tuple[str, ...] | None = None
+                ) -> list[tuple]:
     """Convert each (shape, recipe) tiny export (made or reused through tests/quark_factory.py) with -e EP -p fp32
     (and these --extra_options); a conversion the builder refuses is returned as its message instead of a folder.
-    Rows are named as before for -e rocm ("recipe" for llama_h64, "shape recipe" otherwise), "... [EP]" else."""
+    Rows are named as before for -e rocm ("recipe" for llama_h64, "shape recipe" otherwise), "... [EP]" else.
+    With ort_extra (a tuple, maybe empty), each export is also converted with those options for ORT CPU: rows are
+    then (name, folder, ids, ORT folder, Quark's prompt logits); else (name, folder, ids)."""
     sys.path.insert(0, str(REPO / "tests"))
     sys.path.insert(0, str(REPO))
     from conftest import fixture_cache_dir
@@ -180,12 +197,18 @@ def tiny_models(work: Path, cases, eps=("rocm",), extra: tuple[str, ...] = ()
             try:
                 convert(export / "quark", dest, ep, "fp32", parse_extra_options(list(extra)) if extra else None,
                         log=lambda _m: None, warn=lambda _m: None)
+                if ort_extra is not None:
+                    convert(export / "quark", work / f"{shape}-{recipe}-{ep}-ort", ep, "fp32",
+                            parse_extra_options(list(ort_extra)) if ort_extra else None, log=lambda _m: None,
+                            warn=lambda _m: None)
             except ConversionError as e:
                 # the cache's own path is this machine's: the report names it as $QO_FIXTURE_CACHE
                 reason = str(e).splitlines()[0].replace(str(cache), "$QO_FIXTURE_CACHE")[:300]
                 out.append((name, f"refused by -e {ep}: {reason}", None))
                 continue
-            out.append((name, dest, np.load(export / "reference.npz")["input_ids"]))
+            ref = np.load(export / "reference.npz")
+            out.append((name, dest, ref["input_ids"]) if ort_extra is None else
+                       (name, dest, ref["input_ids"], work / f"{shape}-{recipe}-{ep}-ort", ref["logits"]))
     return out
 
 
@@ -202,6 +225,9 @@ def main(argv=None) -> int:
                     help="shape:recipe pairs for --tiny beyond llama_h64 ('' for none)")
     ap.add_argument("--eps", default="rocm", help="EPs to convert for with --tiny (rocm,migraphx)")
     ap.add_argument("--extra_options", nargs="*", default=[], help="KEY=VALUE conversion options for --tiny")
+    ap.add_argument("--ort-extra_options", nargs="*", default=None, metavar="KEY=VALUE",
+                    help="with --tiny: ORT CPU runs the export converted with these options instead (none: the "
+                         "defaults), and both runtimes are compared with Quark's prompt logits too")
     ap.add_argument("--decode-steps", type=int, default=DECODE_STEPS,
                     help="decoded tokens after the prompt, each runtime fed back its own KV cache")
     ap.add_argument("--json", type=Path)
@@ -216,29 +242,34 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cases = [("llama_h64", r) for r in args.recipes.split(",") if r]
         cases += [tuple(c.split(":", 1)) for c in args.families.split(",") if c]
-        models = tiny_models(Path(tmp), cases, tuple(args.eps.split(",")), tuple(args.extra_options)) \
+        ort_extra = None if args.ort_extra_options is None else tuple(args.ort_extra_options)
+        models = tiny_models(Path(tmp), cases, tuple(args.eps.split(",")), tuple(args.extra_options), ort_extra) \
             if args.tiny else []
         ids = np.array([[1, 5, 9, 13, 17, 21, 25, 29]], np.int64)
         models += [(p.name, p, ids) for p in args.models]
+        quark_cols = ort_extra is not None
         print(f"| model | parses | prompt max abs logit diff | decode ({args.decode_steps} steps, own cache) max abs "
-              "logit diff |\n|---|---|---|---|")
+              "logit diff |" + (" MIGraphX vs Quark (prompt) | ORT vs Quark (prompt) |" if quark_cols else "")
+              + "\n|---|---|---|---|" + ("---|---|" if quark_cols else ""))
         done: dict[str, dict] = {}  # graph digest -> its row
-        for name, path, model_ids in models:
+        for name, path, model_ids, *ort_side in models:
             if isinstance(path, str):  # refused by the builder
                 row = {"name": name, "refused": path, "parses": None, "prompt": path, "decode": path}
                 print(f"| {name} | - | {path} | |", flush=True)
                 rows.append(row)
                 continue
-            digest = _graph_digest(path)
+            digest = _graph_digest(path) + (_graph_digest(ort_side[0]) if ort_side else "")
             if digest in done:
                 row = {**done[digest], "name": name, "model": path.name, "same_graph_as": done[digest]["name"]}
             else:
-                row = compare(path, model_ids, args.decode_steps)
+                row = compare(path, model_ids, args.decode_steps, *ort_side)
                 row["name"] = name
                 done[digest] = row
             parses = {True: "yes", False: "no", None: "?"}[row["parses"]]
             same = f" (graph = {row['same_graph_as']})" if "same_graph_as" in row else ""
-            print(f"| {name}{same} | {parses} | {_cell(row['prompt'])} | {_cell(row['decode'])} |", flush=True)
+            quark = (f" {_cell(row.get('quark_prompt', '-'))} | {_cell(row.get('ort_quark_prompt', '-'))} |"
+                     if quark_cols else "")
+            print(f"| {name}{same} | {parses} | {_cell(row['prompt'])} | {_cell(row['decode'])} |{quark}", flush=True)
             rows.append(row)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

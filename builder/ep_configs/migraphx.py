@@ -34,6 +34,27 @@ REFUSED = {
 }
 
 
+GFX950_MX_NOTE = ("amd_arch=gfx950: {n} MXFP4 linear(s) take gfx950's MX GEMM form: float4e2m1 Q/DQ with e8m0 "
+                  "block scales on both MatMul operands (opset 23), which simplify_qdq match_find_mx_quantizable_ops "
+                  "lowers to a 4-input quant_dot on gfx950 only (elsewhere the Q/DQ is computed in float); ONNX "
+                  "Runtime CPU has no float4e2m1 Quantize/DequantizeLinear kernel, so this graph runs on the MIGraphX "
+                  "EP only (builder/quant/mx_gemm.py)")
+GFX950_FP8_NOTE = ("amd_arch=gfx950: FP8 stays float8e4m3fnuz (MIGraphX's ONNX parser refuses float8e4m3fn, "
+                   "onnx_parser.cpp get_type): gfx950 computes these GEMMs in float, not with its OCP FP8 GEMM")
+
+
+def _mx_gemm_layers(model_plan) -> int:
+    from ..quant.mx_gemm import mx_gemm_applies
+    routed = model_plan.options.extra.get("moe", "routed") != "dense"
+    return sum(1 for name, lp in model_plan.linears.items() if lp.scheme.name == "mxfp4"
+               and not (routed and ".experts." in name)
+               and mx_gemm_applies(model_plan.ep, lp, model_plan.options.mx_activations) is None)
+
+
+def _fp4_layers(model_plan) -> int:
+    return sum(1 for lp in model_plan.linears.values() if lp.scheme.name in ("mxfp4", "nvfp4", "mxfp4-fp8"))
+
+
 def _slots(spec):
     return () if spec is None else tuple(spec.weight) + tuple(spec.input_tensors) + tuple(spec.output_tensors)
 
@@ -49,10 +70,15 @@ def plan_notes(model_plan) -> list[str]:
     notes = []
     if "fp8_e4m3" in dtypes:
         notes.append(FP8_NOTE)
-    if schemes & {"mxfp4", "nvfp4"} and model_plan.ep.fp4_linear == "dq_int8":
+        if model_plan.ep.amd_arch == "gfx950":
+            notes.append(GFX950_FP8_NOTE)
+    n_mx = _mx_gemm_layers(model_plan)
+    if n_mx:
+        notes.append(GFX950_MX_NOTE.format(n=n_mx))
+    if schemes & {"mxfp4", "nvfp4"} and model_plan.ep.fp4_linear == "dq_int8" and n_mx < _fp4_layers(model_plan):
         notes.append(FP4_NOTE)
-    if schemes & {"mxfp4", "nvfp4"} and any(s is not None and s.input_tensors and s.input_tensors[0].dtype == "fp4"
-                                           for s in specs) and model_plan.options.mx_activations == "emulate":
+    n_fp4_act = sum(1 for s in specs if s is not None and s.input_tensors and s.input_tensors[0].dtype == "fp4")
+    if schemes & {"mxfp4", "nvfp4"} and n_fp4_act > n_mx and model_plan.options.mx_activations == "emulate":
         notes.append(MX_ACT_NOTE)
     return notes
 
@@ -67,22 +93,41 @@ def plan_notes(model_plan) -> list[str]:
 FLOAT_GEMM = "AMD: io-dtype GEMM on every gfx"
 
 
+MX_GEMM = ("AMD: MX FP4 GEMM (4-input quant_dot) on gfx950; on gfx94x, gfx12 and older the same float4e2m1 Q/DQ "
+           "computed in float, io-dtype GEMM (amd_arch=gfx950 form)")
+NO_MX = "no MX FP4 GEMM: gfx950's needs float4e2m1 Q/DQ on both operands"
+OCP_FP8_REFUSED = "amd_arch=gfx950 keeps fnuz: MIGraphX's parser refuses float8e4m3fn"
+
+
 def layer_note(model_plan, name: str, lp) -> str | None:
     from ..quant.fp8_w8a8 import activation_mode
+    from ..quant.mx_gemm import MX_ARCH, mx_gemm_applies
     scheme = lp.scheme.name
+    gfx950 = model_plan.ep.amd_arch == MX_ARCH
     if ".experts." in name and model_plan.options.extra.get("moe", "routed") != "dense":
-        return FLOAT_GEMM + " (routed expert: weights decoded in ops)"
+        why = ("; amd_arch=gfx950 does not apply: the chosen experts' weights are Gathered at run time and decoded in "
+               "float ops, with no blocked DequantizeLinear for the MX rule to read") if gfx950 and scheme == "mxfp4" \
+            else ""
+        return FLOAT_GEMM + f" (routed expert: weights decoded in ops{why})"
     if scheme == "fp8-w8a8" and model_plan.ep.fp8_linear == "qdq":
         # static: Q/DQ(x, s); dynamic (per tensor / per token): Q/DQ(x / s_dyn, unit) -> MatMul -> * s_dyn
         # (ops/qdq.py fp8_dynamic_unit): both give dot(DQ(fp8, constant scale), DQ(weight)) -> quant_dot
         if activation_mode(lp.spec) != "none":
-            return "AMD: FP8 GEMM (fnuz quant_dot) on gfx94x; float GEMM on gfx950, gfx12 and older"
+            return ("AMD: FP8 GEMM (fnuz quant_dot) on gfx94x; float GEMM on gfx950, gfx12 and older"
+                    + (f" ({OCP_FP8_REFUSED})" if gfx950 else ""))
         return FLOAT_GEMM + " (FP8 weight-only: the weight is dequantized)"
     if scheme == "int8-w8a8":
         static = lp.spec.input_tensors and not lp.spec.input_tensors[0].is_dynamic
         return "AMD: int8 quant_dot" if static else FLOAT_GEMM
-    if scheme in ("mxfp4", "nvfp4", "mxfp4-fp8"):
-        return FLOAT_GEMM + " (no MX FP4 GEMM: gfx950's needs float4e2m1 Q/DQ on both operands)"
+    if scheme == "mxfp4":
+        why = mx_gemm_applies(model_plan.ep, lp, model_plan.options.mx_activations)
+        if why is None:
+            return MX_GEMM
+        return FLOAT_GEMM + f" ({NO_MX}" + (f"; amd_arch=gfx950 does not apply: {why})" if why else ")")
+    if scheme in ("nvfp4", "mxfp4-fp8"):
+        extra = {"nvfp4": "NVFP4's e4m3 block scales of 16 are not MX", "mxfp4-fp8": "its activations are FP8, "
+                 "per tensor"}[scheme]
+        return FLOAT_GEMM + f" ({NO_MX}" + (f"; amd_arch=gfx950 does not apply: {extra})" if gfx950 else ")")
     return FLOAT_GEMM
 
 

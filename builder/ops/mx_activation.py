@@ -113,6 +113,35 @@ def emit_fp4_activation_qdq(ctx, x: str, spec: Fp4ActivationSpec, prefix: str) -
     return y
 
 
+def emit_mx_activation_fp4_qdq(ctx, x: str, spec: Fp4ActivationSpec, prefix: str, k: int) -> str:
+    """x [..., K] in the io dtype -> Quark's MXFP4 fake-quantized x as a float4e2m1 Q/DQ pair, float32
+    (amd_arch=gfx950, builder/quant/mx_gemm.py, whose MatMul runs in float32). The block scale is
+    emit_fp4_activation_qdq's (_mx_block_scale), reshaped to [..., K/32]; then QuantizeLinear(x, scale, axis -1,
+    block 32, output_dtype float4e2m1) and DequantizeLinear(., scale). The pair's e2m1 rounding replaces
+    _e2m1_round (MIGraphX: op/builder/quantizelinear.cpp handle_fp4x2 -> pack_fp4, fp4_casts.hpp cast_to_fp4:
+    nearest, ties to even, saturating at 6, the rounding _e2m1_round writes out). Opset 23; cached per input."""
+    g = ctx.graph
+    c = _consts(g)
+    cache = _CACHE[g]["qdq"]
+    key = (x, spec.key(), "fp4_qdq")
+    if key in cache:
+        return cache[key]
+    p = f"{prefix}/MxFp4QdqAct"
+    x32 = x if ctx.io == "fp32" else g.op("Cast", [x], f"{p}/CastF32", to=TensorProto.FLOAT)
+    blocks = g.op("Reshape", [x32, g.const_i64(f"{p}.block_shape", [-1, spec.group_size])], f"{p}/ToBlocks")
+    amax = g.op("ReduceMax", [g.op("Abs", [blocks], f"{p}/Abs"), c["neg_axis"]], f"{p}/BlockMax", keepdims=1)
+    scale = _mx_block_scale(g, c, amax, spec.scale_mode, p)                     # [rows * K/32, 1]
+    rows = g.op("Shape", [x], f"{p}/Rows", start=0, end=-1)
+    scale_shape = g.op("Concat", [rows, g.const_i64(f"{p}.blocks", [k // spec.group_size])], f"{p}/ScaleShape",
+                       axis=0)
+    scale = g.op("Reshape", [scale, scale_shape], f"{p}/BlockScale")               # [..., K/32]
+    q = g.op("QuantizeLinear", [x32, scale], f"{p}/ToFp4", axis=-1, block_size=spec.group_size,
+             output_dtype=TensorProto.FLOAT4E2M1)
+    y = g.op("DequantizeLinear", [q, scale], f"{p}/FromFp4", axis=-1, block_size=spec.group_size)
+    cache[key] = y
+    return y
+
+
 def emit_nvfp4_activation_per_expert(ctx, x: str, input_scale_2: str, prefix: str) -> str:
     """Quark's NVFP4 activation fake-quantization with each chosen expert's own static input_scale_2 (routed MoE,
     builder/ops/routed_experts.py): x [..., K] in the io dtype, input_scale_2 a float32 tensor [..., 1] that

@@ -25,10 +25,13 @@ import numpy as np
 
 from ..errors import ConversionError
 from ..ops.matmul_nbits import emit_matmul_nbits
-from ..ops.mx_activation import MX_SCALE_MODES, Fp4ActivationSpec, emit_fp4_activation_qdq
+from ..ops.mx_activation import (MX_SCALE_MODES, Fp4ActivationSpec, emit_fp4_activation_qdq,
+                                 emit_mx_activation_fp4_qdq)
 from . import fp4_codes
 from .fp4_int8_dq import DESCRIBE as DQ_INT8_DESCRIBE
 from .fp4_int8_dq import emit_weight_dq_int8
+from .mx_gemm import DESCRIBE as MX_GEMM_DESCRIBE
+from .mx_gemm import emit_mx_matmul, emit_weight_mx, mx_gemm_applies
 from .base import LinearPlan, Scheme
 
 FP4_LINEAR_METHODS = ("compact", "matmul_nbits8", "native", "dq_fp8", "dq_int8", "dense")
@@ -198,6 +201,8 @@ class Mxfp4Linear(Scheme):
 
     @classmethod
     def describe(cls, plan: LinearPlan, ep) -> str:
+        if mx_gemm_applies(ep, plan) is None:
+            return MX_GEMM_DESCRIBE
         act = " + MXFP4 dynamic activation emulation" if plan.spec.input_tensors else ""
         return {"matmul_nbits8": f"MatMulNBits bits=8 block_size=32 (lossless 2*e2m1+128){act}",
                 "native": f"com.quark_onnx MatMulMxfp4 (+ function fallback){act}",
@@ -210,6 +215,10 @@ class Mxfp4Linear(Scheme):
     @classmethod
     def emit(cls, ctx, plan: LinearPlan, x: str) -> str:
         a = plan.spec.input_tensors
+        if mx_gemm_applies(ctx.ep, plan, ctx.options.mx_activations) is None:  # amd_arch=gfx950 (quant/mx_gemm.py)
+            spec = Fp4ActivationSpec("mxfp4", MXFP4_GROUP, a[0].scale_calculation_mode or "even")
+            xq = emit_mx_activation_fp4_qdq(ctx, x, spec, plan.node_prefix, plan.in_features)
+            return emit_mx_matmul(ctx, plan, xq, emit_weight_mx(ctx, plan, cls.load(plan, ctx.ckpt)))
         if a and emulate_activations(ctx):
             spec = Fp4ActivationSpec("mxfp4", MXFP4_GROUP, a[0].scale_calculation_mode or "even")
             x = emit_fp4_activation_qdq(ctx, x, spec, plan.node_prefix)
