@@ -13,7 +13,9 @@ dense fp32 weight (MLAS: the scaling the machine gives a kernel known to scale, 
 Sessions: intra_op_num_threads = 1 or 2; --spin 1 keeps ORT's default (the pool's threads spin after a run, as in
 og's sessions), 0 sets session.intra_op.allow_spinning=0. Every round runs --reps calls of each (form, threads)
 session in turn (the order shuffled each round); per session the minimum and the median of the per-call wall
-times over all rounds are reported, and "x" = 1-thread median / 2-thread median. The load average is printed
+times over all rounds are reported, "x" = 1-thread median / 2-thread median, and "cpu" = the median process CPU
+time per call (all threads; with --spin 0 idle pool threads sleep, so it is the work the call cost; "cpu" ratio
+= 2-thread / 1-thread: 1.0 means the split added no work, memory stalls included). The load average is printed
 before and after: a 2-core machine shared with other jobs can only show scaling when they leave a core free.
 """
 from __future__ import annotations
@@ -104,6 +106,7 @@ def main(argv=None) -> int:
             if not np.array_equal(y, same_as) and form != "fp32":
                 print(f"  {form}: {t} threads differ from {threads[0]} in bits")
         samples = {key: [] for key in sessions}
+        cpu = {key: [] for key in sessions}
         order = list(sessions)
         for _ in range(a.rounds):
             rng.shuffle(order)
@@ -111,20 +114,24 @@ def main(argv=None) -> int:
                 s = sessions[key]
                 feed = {"A": x}
                 for _ in range(a.reps):
-                    t0 = time.perf_counter()
+                    c0, t0 = time.process_time(), time.perf_counter()
                     s.run(None, feed)
                     samples[key].append(time.perf_counter() - t0)
+                    cpu[key].append(time.process_time() - c0)
         for form in nbytes:
             med = {t: statistics.median(samples[(form, t)]) * 1e3 for t in threads}
             mn = {t: min(samples[(form, t)]) * 1e3 for t in threads}
+            cp = {t: statistics.median(cpu[(form, t)]) * 1e3 for t in threads}
             row = {"form": form, "K": k, "N": n, "M": a.m, "weight_MB": nbytes[form] / 1e6,
-                   **{f"{t}t_min_ms": mn[t] for t in threads}, **{f"{t}t_median_ms": med[t] for t in threads}}
-            cells = "  ".join(f"{t}t {mn[t]:.3f} / {med[t]:.3f}" for t in threads)
+                   **{f"{t}t_min_ms": mn[t] for t in threads}, **{f"{t}t_median_ms": med[t] for t in threads},
+                   **{f"{t}t_cpu_median_ms": cp[t] for t in threads}}
+            cells = "  ".join(f"{t}t {mn[t]:.3f} / {med[t]:.3f} (cpu {cp[t]:.3f})" for t in threads)
             speedup = ""
             if len(threads) > 1:
                 row["x"] = med[threads[0]] / med[threads[-1]]
                 row["x_min"] = mn[threads[0]] / mn[threads[-1]]
-                speedup = f"  x {row['x']:.2f} (min {row['x_min']:.2f})"
+                row["cpu_ratio"] = cp[threads[-1]] / cp[threads[0]]
+                speedup = f"  x {row['x']:.2f} (min {row['x_min']:.2f}; cpu {row['cpu_ratio']:.2f})"
             gbs = nbytes[form] / (mn[threads[-1]] * 1e-3) / 1e9
             print(f"{form:14s} {k}x{n}: {cells}{speedup}  ({gbs:.1f} GB/s at {threads[-1]}t min)", flush=True)
             rows.append(row)
