@@ -420,14 +420,18 @@ I4_INLINE void gemv_avx512_rows(const i4_job* j, int64_t n, const int R, const i
   const float* a = j->ad;
   const float* sc = j->scales + n * j->k_blocks;
   const uint8_t* zp = j->zp ? j->zp + n * j->zp_row_bytes : NULL;
-  const int64_t kb = j->k_blocks, gbytes = j->block / 2, Kc = j->Kc;
+  const int64_t kb = j->k_blocks, gbytes = j->block / 2, Kc = j->Kc, rb = j->row_bytes;
   for (int64_t b = 0; b < kb; ++b) {
     __m512 t[8];
     for (int r = 0; r < R; ++r)
       t[r] = group_table(zp ? (zp[r * j->zp_row_bytes + (b >> 1)] >> (4 * (b & 1))) & 0x0F : 8, sc[r * kb + b]);
     for (int64_t c = 0; c < gbytes; c += 16) {
-      if ((c & 63) == 0)
-        for (int r = 0; r < R; ++r) _mm_prefetch((const char*)p[r] + c + I4_PREFETCH, _MM_HINT_T0);
+      if ((c & 63) == 0) {
+        /* I4_PREFETCH bytes ahead in the row; past its end, the same place in row r of the next tile (the rows
+         * of a tile are contiguous: row r's continuation is row r + 1, read by its own stream already) */
+        const int64_t ahead = b * gbytes + c + I4_PREFETCH < rb ? I4_PREFETCH : I4_PREFETCH + (R - 1) * rb;
+        for (int r = 0; r < R; ++r) _mm_prefetch((const char*)p[r] + c + ahead, _MM_HINT_T0);
+      }
       __m512 xe[2], xo[2];
       for (int m = 0; m < MM; ++m) {
         xe[m] = _mm512_loadu_ps(a + m * Kc + 2 * c);
