@@ -2,9 +2,11 @@
 accuracy_level 1 (exact, fp32) and 4 (int8 activations) and the fp32 MatMul of the decoded weight.
 
     python benchmarks/int4_kernel.py [--threads 1 2] [--m 1 128] [--shapes 2048x8192 8192x2048] [--block 128]
+                                     [--library NAME=PATH ...]
 
 Not a test. Needs the ORT custom-op library (python -m custom_ops.ort_library). Prints ms per call (best of
 --rounds interleaved rounds, each the mean of --reps calls) and the ratio to MatMulNBits accuracy_level 1.
+--library adds MatMulUint4 from another build of the library (e.g. main's) to the same rounds ("ours@NAME").
 """
 from __future__ import annotations
 
@@ -66,11 +68,14 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu: process CPU time (all threads; robust on a loaded machine, not a latency)")
+    ap.add_argument("--library", action="append", default=[], metavar="NAME=PATH")
     args = ap.parse_args()
     from custom_ops import ort_library
     lib = str(ort_library.build(log=lambda m: None))
     clock = time.perf_counter if args.clock == "wall" else time.process_time
-    kinds = ["ours MatMulUint4", "MatMulNBits al1", "MatMulNBits al4", "fp32 MatMul"]
+    others = dict(spec.partition("=")[::2] for spec in args.library)
+    kinds = ["ours MatMulUint4"] + [f"ours@{name}" for name in others] + ["MatMulNBits al1", "MatMulNBits al4",
+                                                                         "fp32 MatMul"]
     rng = np.random.default_rng(0)
     print(f"load {os.getloadavg()}; clock {args.clock}")
     for shape in args.shapes:
@@ -81,7 +86,7 @@ def main() -> int:
             for kind in kinds:
                 so = ort.SessionOptions()
                 so.intra_op_num_threads = threads
-                so.register_custom_ops_library(lib)
+                so.register_custom_ops_library(others.get(kind.partition("@")[2], lib))
                 sessions[kind] = ort.InferenceSession(model(kind, n, k, args.block, b, s, zp, w), so,
                                                       providers=["CPUExecutionProvider"])
             for m in args.m:
@@ -100,7 +105,9 @@ def main() -> int:
                 diff = float(np.max(np.abs(ys["ours MatMulUint4"] - ys["fp32 MatMul"])))
                 print(f"K={k} N={n} g{args.block} M={m} threads={threads}: " +
                       ", ".join(f"{kk} {v:.3f} ms ({ref / v:.2f}x al1)" for kk, v in best.items()) +
-                      f"; max|ours - fp32| {diff:.2e}", flush=True)
+                      f"; max|ours - fp32| {diff:.2e}" +
+                      "".join(f"; {kk} bits {'==' if np.array_equal(ys[kk], ys['ours MatMulUint4']) else '!='} ours"
+                              for kk in kinds if kk.startswith("ours@")), flush=True)
     print(f"load {os.getloadavg()}")
     return 0
 

@@ -47,7 +47,7 @@ def check_close(y, a, w):
 
 @pytest.mark.parametrize("bs", [32, 64, 128])
 @pytest.mark.parametrize("asym", [True, False])
-@pytest.mark.parametrize("m", [1, 3, 128])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 128])
 def test_int4_matches_numpy(bs, asym, m):
     rng = np.random.default_rng(bs * 7 + m + asym)
     n, k = 37, 3 * bs + 40 if bs > 32 else 200  # K and N not multiples of any tile; K padded to the block
@@ -191,3 +191,28 @@ def test_int4_k_blocks_of_the_tiles(bs):
     for y, y1 in outs:
         np.testing.assert_array_equal(y.view(np.uint32), outs[0][0].view(np.uint32))
         np.testing.assert_array_equal(y1.view(np.uint32), outs[0][0][2:3].view(np.uint32))
+
+
+def test_int4_ort_pool_threads_same_bits():
+    """Through ORT's intra-op pool (KernelContext_ParallelFor, the way og runs the op): 1 and 2 threads give the bits
+    of the native call, at M = 1, 2, 3 and 128, N over several tasks and not a multiple of the 8-row GEMV tile."""
+    import onnxruntime as ort
+
+    from custom_ops import ort_library
+
+    rng = np.random.default_rng(12)
+    n, k, bs = 301, 520, 64
+    b, s, zp, w = make_case(rng, n, k, bs, True)
+    model = _single_node("MatMulUint4", n, k, bs, b, s, zp)
+    sessions = []
+    for threads in (1, 2):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.register_custom_ops_library(str(ort_library.build(log=lambda m: None)))
+        sessions.append(ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]))
+    for m in (1, 2, 3, 128):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        want = native.matmul_int4(a, b, s, zp, k, bs)
+        check_close(want, a, w)
+        for sess in sessions:
+            np.testing.assert_array_equal(sess.run(None, {"A": a})[0].view(np.uint32), want.view(np.uint32))

@@ -376,7 +376,8 @@ I4_INLINE __m512 group_table(int z, float s) {
   return _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps((float)z)), _mm512_set1_ps(s));
 }
 
-I4_INLINE void gemv_avx512_rows(const i4_job* j, int64_t n, const int R, const int MM) {
+/* M = 3, 4: every row indexed from the job each step (measured: 1.1-1.2x the tile below at these M) */
+I4_INLINE void gemv_avx512_rows_indexed(const i4_job* j, int64_t n, const int R, const int MM) {
   __m512 acc[4][4][2]; /* [r][m][even, odd] */
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MM; ++m) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
@@ -404,11 +405,61 @@ I4_INLINE void gemv_avx512_rows(const i4_job* j, int64_t n, const int R, const i
     for (int m = 0; m < MM; ++m) j->Y[m * j->N + n + r] = fold_avx512(acc[r][m][0], acc[r][m][1]);
 }
 
+/* GEMV: R weight rows x MM activation rows (2 accumulators each: the even and the odd lanes). Each row's bytes
+ * are read through a pointer advanced group by group, one software prefetch per row per 64 bytes; the group's
+ * tables are built once per (row, group). Measured (Zen 5, M = 1, g128, L2-resident): 8 rows 1.4x the earlier
+ * 4-row tile that indexed every row from the job each step (its address arithmetic, not the permutes, bound it:
+ * the same loop with no permutes at all was only 1.14x faster); 12 rows 0.8x, 2 rows 1.0x. */
+I4_INLINE void gemv_avx512_rows(const i4_job* j, int64_t n, const int R, const int MM) {
+  __m512 acc[8][2][2]; /* [r][m][even, odd] */
+  const uint8_t* p[8];
+  for (int r = 0; r < R; ++r) {
+    p[r] = j->B + (n + r) * j->row_bytes;
+    for (int m = 0; m < MM; ++m) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
+  }
+  const float* a = j->ad;
+  const float* sc = j->scales + n * j->k_blocks;
+  const uint8_t* zp = j->zp ? j->zp + n * j->zp_row_bytes : NULL;
+  const int64_t kb = j->k_blocks, gbytes = j->block / 2, Kc = j->Kc, rb = j->row_bytes;
+  for (int64_t b = 0; b < kb; ++b) {
+    __m512 t[8];
+    for (int r = 0; r < R; ++r)
+      t[r] = group_table(zp ? (zp[r * j->zp_row_bytes + (b >> 1)] >> (4 * (b & 1))) & 0x0F : 8, sc[r * kb + b]);
+    for (int64_t c = 0; c < gbytes; c += 16) {
+      if ((c & 63) == 0) {
+        /* I4_PREFETCH bytes ahead in the row; past its end, the same place in row r of the next tile (the rows
+         * of a tile are contiguous: row r's continuation is row r + 1, read by its own stream already) */
+        const int64_t ahead = b * gbytes + c + I4_PREFETCH < rb ? I4_PREFETCH : I4_PREFETCH + (R - 1) * rb;
+        for (int r = 0; r < R; ++r) _mm_prefetch((const char*)p[r] + c + ahead, _MM_HINT_T0);
+      }
+      __m512 xe[2], xo[2];
+      for (int m = 0; m < MM; ++m) {
+        xe[m] = _mm512_loadu_ps(a + m * Kc + 2 * c);
+        xo[m] = _mm512_loadu_ps(a + m * Kc + 2 * c + 16);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(p[r] + c)));
+        const __m512 we = _mm512_permutexvar_ps(idx, t[r]); /* low 4 bits index: the low nibble */
+        const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t[r]);
+        for (int m = 0; m < MM; ++m) {
+          acc[r][m][0] = _mm512_fmadd_ps(xe[m], we, acc[r][m][0]);
+          acc[r][m][1] = _mm512_fmadd_ps(xo[m], wo, acc[r][m][1]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) p[r] += gbytes;
+    a += j->block;
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MM; ++m) j->Y[m * j->N + n + r] = fold_avx512(acc[r][m][0], acc[r][m][1]);
+}
+
 static void gemv_avx512_task(i4_job* j, int64_t n0, int64_t n1) {
   int64_t n = n0;
   switch (j->M) {
     case 1:
-      for (; n + 4 <= n1; n += 4) gemv_avx512_rows(j, n, 4, 1);
+      for (; n + 8 <= n1; n += 8) gemv_avx512_rows(j, n, 8, 1);
+      for (; n + 2 <= n1; n += 2) gemv_avx512_rows(j, n, 2, 1);
       for (; n < n1; ++n) gemv_avx512_rows(j, n, 1, 1);
       break;
     case 2:
@@ -416,12 +467,12 @@ static void gemv_avx512_task(i4_job* j, int64_t n0, int64_t n1) {
       for (; n < n1; ++n) gemv_avx512_rows(j, n, 1, 2);
       break;
     case 3:
-      for (; n + 2 <= n1; n += 2) gemv_avx512_rows(j, n, 2, 3);
-      for (; n < n1; ++n) gemv_avx512_rows(j, n, 1, 3);
+      for (; n + 2 <= n1; n += 2) gemv_avx512_rows_indexed(j, n, 2, 3);
+      for (; n < n1; ++n) gemv_avx512_rows_indexed(j, n, 1, 3);
       break;
     default:
-      for (; n + 2 <= n1; n += 2) gemv_avx512_rows(j, n, 2, 4);
-      for (; n < n1; ++n) gemv_avx512_rows(j, n, 1, 4);
+      for (; n + 2 <= n1; n += 2) gemv_avx512_rows_indexed(j, n, 2, 4);
+      for (; n < n1; ++n) gemv_avx512_rows_indexed(j, n, 1, 4);
       break;
   }
 }

@@ -862,8 +862,13 @@ QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* 
     __m512 x[4][4];
     for (int i = 0; i < mr; ++i)
       for (int s = 0; s < 4; ++s) x[i][s] = _mm512_broadcast_f32x8(_mm256_loadu_ps(A + i * K + k + 8 * s));
-    if (QO_GEMV_PF && (qo_row_offset(fmt, k) & 63) == 0) /* one prefetch per 64 bytes of each row */
-      for (int r = 0; r < 2 * np; ++r) _mm_prefetch((const char*)rows[r] + qo_row_offset(fmt, k) + QO_GEMV_PF, _MM_HINT_T0);
+    if (QO_GEMV_PF && (qo_row_offset(fmt, k) & 63) == 0) { /* one prefetch per 64 bytes of each row */
+      /* past the row's end: the same place in row r of the next tile (the tile's rows are contiguous, so row r's
+       * continuation is row r + 1, which its own stream reads already) */
+      int64_t ahead = qo_row_offset(fmt, k) + QO_GEMV_PF;
+      if (ahead >= w->row_bytes) ahead += (2 * np - 1) * w->row_bytes;
+      for (int r = 0; r < 2 * np; ++r) _mm_prefetch((const char*)rows[r] + ahead, _MM_HINT_T0);
+    }
     for (int p = 0; p < np; ++p) {
       __m512 wv[4];
       if (vbmi && (fmt == QO_W_FP8 || fmt == QO_W_INT8))
