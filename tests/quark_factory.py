@@ -317,6 +317,18 @@ SHAPES: dict[str, TinyModelSpec] = {
         ("original_max_position_embeddings", 64), ("truncate", False), ("rope_theta", 10000.0))),)),
 }
 
+# docs/moe.md's table: every MoE family x expert scheme (recipe names above) that the MoE tests, the MIGraphX ref
+# comparison (tools/migraphx_ref_compare.py) and the forms table (benchmarks/moe_forms_table.py) cover.
+MOE_TABLE: dict[str, tuple[str, ...]] = {
+    "qwen3_moe": ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8", "nvfp4",
+                  "int8_w8a8"),
+    "qwen2_moe": ("uint4_g32", "mxfp4", "fp8_w8a8", "nvfp4", "int8_w8a8"),
+    "mixtral": ("uint4_g32", "int4_per_channel", "mxfp4", "fp8_w8a8", "nvfp4", "int8_w8a8"),
+    "gpt_oss": ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8", "nvfp4",
+                "int8_w8a8"),
+    "deepseek_v3": ("uint4_g32", "mxfp4"),
+}
+
 
 def combo_problem(spec: TinyModelSpec, recipe: QuantRecipe) -> str | None:
     """Why this (spec, recipe) cannot make a valid export, or None. Group sizes must divide every in-features."""

@@ -159,13 +159,9 @@ def _graph_digest(folder: Path) -> str:
 # standard-op form; the 8-token prompt takes its every-expert If branch, since 8 > E/k, and each decoded token the
 # routed Gather branch), plus the KV-cache / attention variants the family tests make. gpt-oss: the explicit sink
 # attention subgraph (builder/ops/sink_attention.py) with a growing cache.
-MOE_TABLE = {"qwen3_moe": ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8", "nvfp4",
-                           "int8_w8a8"),
-             "qwen2_moe": ("uint4_g32", "mxfp4", "fp8_w8a8", "nvfp4", "int8_w8a8"),
-             "mixtral": ("uint4_g32", "int4_per_channel", "mxfp4", "fp8_w8a8", "nvfp4", "int8_w8a8"),
-             "gpt_oss": ("uint4_g32", "int4_per_channel", "int8_wo_g32", "mxfp4", "mxfp4_fp8", "fp8_w8a8", "nvfp4",
-                         "int8_w8a8"),
-             "deepseek_v3": ("uint4_g32", "mxfp4")}
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests")]
+from quark_factory import MOE_TABLE  # noqa: E402  (light: Quark and transformers are imported lazily there)
+
 FAMILY_CASES = tuple((f, r) for f, rs in MOE_TABLE.items() for r in rs) + (
     ("qwen3_moe", "fp8_w8a8_kv"), ("qwen3_moe", "ptpc_fp8"), ("deepseek_v3", "fp8_w8a8_kv"),
     ("deepseek_v3", "mxfp4_attn_kv"), ("gpt_oss_yarn", "mxfp4"))
