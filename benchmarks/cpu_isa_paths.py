@@ -95,7 +95,7 @@ def main(argv=None) -> int:
             call, nbytes = weights(fmt, rng, n, k)
             for m in map(int, a.m.split(",")):
                 x = activations(fmt, rng.standard_normal((m, k)).astype(np.float32))
-                best, ref = {p: float("inf") for p in paths}, None
+                best = {p: float("inf") for p in paths}
                 outs = {}
                 for _ in range(a.rounds):
                     for p in paths:

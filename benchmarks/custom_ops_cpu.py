@@ -37,7 +37,6 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 

@@ -108,7 +108,7 @@ def available() -> tuple[Path | None, str]:
         return None, (f"ORT custom-op library not built: no {ort_headers.HEADER} ({ort_headers.HOW_TO}; then "
                       "`python -m custom_ops.ort_library`)")
     if _is_stale(library_path(), include):
-        return None, f"ORT custom-op library missing or older than its sources: run `python -m custom_ops.ort_library`"
+        return None, "ORT custom-op library missing or older than its sources: run `python -m custom_ops.ort_library`"
     return library_path(), ""
 
 

@@ -208,7 +208,6 @@ def dequantize_export(export_dir: str | Path) -> dict[str, np.ndarray]:
 
 def load_reference_model(export_dir: str | Path):
     """fp32 transformers model: unquantized tensors from the export, Linears replaced by dequantized weights."""
-    import torch
     import transformers
 
     cfg_dict = read_config(export_dir)

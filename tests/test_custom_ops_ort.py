@@ -7,7 +7,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from onnx import helper
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from custom_ops import reference as ref

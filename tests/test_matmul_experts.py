@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from custom_ops import functions
 from custom_ops.single_op import profiled_nodes, session
-from test_cpu_kernel_formats import REL_FP32, e2m1_unpack, e4m3fn_values, mxfp4_weight, nvfp4_weight
+from test_cpu_kernel_formats import REL_FP32, e4m3fn_values, mxfp4_weight, nvfp4_weight
 
 from ort_library_fixture import ort_ops_library  # noqa: F401  (fixture)
 

@@ -261,7 +261,7 @@ def check_latent_cache(model_plan, kv_scales) -> None:
             what = "a bias" if plan.has_bias else f"scheme {plan.scheme.name}"
             raise ConversionError(f"mla_cache=latent: kv_b_proj with {what} cannot be absorbed exactly",
                                   layer=plan.name, field=field, value="latent",
-                                  accepted=f"materialized (latent: kv_b_proj float, int weight-only or MXFP4)")
+                                  accepted="materialized (latent: kv_b_proj float, int weight-only or MXFP4)")
 
 
 def plan_attention(model_plan, ckpt) -> MlaPlan:
