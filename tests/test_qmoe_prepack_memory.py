@@ -8,9 +8,9 @@ copied into a packed buffer of 16 B codes + 4 B fp32 scale + 4 B fp32 block sum 
 initializer is released; the scales (inputs 3 / 6) are never marked packed, so their initializer (mmapped external
 data, read once by PrePack) stays resident. At accuracy_level 1 (CompFp32) the buffer is the 16 B of codes alone and
 PrePack does not read the scales. Measured here (benchmarks/qmoe_rss.py, fresh process per case, 64 experts of
-hidden 1024 / width 512: 3 Mi blocks): anonymous RSS +24.5 B per block at level 4 and +16.5 at level 1 (the ~1.5 MiB
-above the packed bytes: onnxruntime's own allocations); file-backed RSS, over a session with pre-packing disabled: +13.6 MiB at
-level 4 = the 12 MiB of scales and 1.5 MiB of zero points, +0.3 MiB at level 1.
+hidden 1024 / width 512: 3 Mi blocks): anonymous RSS +24.5 B per block at level 4 and +16.5 at level 1 (the ~1.5
+MiB above the packed bytes: onnxruntime's own allocations); file-backed RSS, over a session with pre-packing
+disabled: +13.9 MiB at level 4 = the 12 MiB of scales and 1.5 MiB of zero points, +0.3 MiB at level 1.
 """
 from __future__ import annotations
 
