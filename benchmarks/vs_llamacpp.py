@@ -54,13 +54,37 @@ PROMPT = ("The lighthouse keeper climbed the one hundred and twelve steps every 
           "glass, trimmed the wick and wrote three lines in the logbook. One night")
 
 
+# GGML_NATIVE=ON (-march=native) also compiles ggml's AMX backend on a CPU that reports AMX, and that backend
+# faulted here: SIGSEGV at `ldtilecfg` in ggml_backend_amx_mul_mat (gdb, 2026-12-04, Intel Xeon VM whose XCR0 enables
+# the tile state and ARCH_REQ_XCOMP_PERM succeeds). On such a CPU the build lists the SIMD extensions instead
+# (GGML_NATIVE=OFF; the options of llama.cpp's ggml/src/ggml-cpu/CMakeLists.txt), AMX left out.
+LLAMA_SIMD_OPTIONS = (("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"), ("f16c", "GGML_F16C"),
+                      ("avx512f", "GGML_AVX512"), ("avx512vbmi", "GGML_AVX512_VBMI"),
+                      ("avx512_vnni", "GGML_AVX512_VNNI"), ("avx512_bf16", "GGML_AVX512_BF16"),
+                      ("avx_vnni", "GGML_AVX_VNNI"))
+
+
+def llama_cmake_args(cpuinfo: str | None = None) -> str:
+    """LLAMA_CMAKE_ARGS, or on a CPU with AMX the same build with the non-AMX SIMD options spelled out."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return LLAMA_CMAKE_ARGS
+    flags = set(next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), []))
+    if not any(f.startswith("amx") for f in flags):
+        return LLAMA_CMAKE_ARGS
+    simd = " ".join(f"-D{opt}={'ON' if flag in flags else 'OFF'}" for flag, opt in LLAMA_SIMD_OPTIONS)
+    return LLAMA_CMAKE_ARGS.replace("-DGGML_NATIVE=ON", f"-DGGML_NATIVE=OFF {simd}")
+
+
 def ensure_llama_cpp(install: bool):
     try:
         return importlib.import_module("llama_cpp")
     except ImportError:
         if not install:
             raise SystemExit("llama_cpp is not installed (run without --no_install, or pip install llama-cpp-python)")
-    env = dict(os.environ, CMAKE_ARGS=os.environ.get("CMAKE_ARGS", LLAMA_CMAKE_ARGS),
+    env = dict(os.environ, CMAKE_ARGS=os.environ.get("CMAKE_ARGS", llama_cmake_args()),
                CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
     print(f"installing llama-cpp-python (compiles llama.cpp; CMAKE_ARGS={env['CMAKE_ARGS']}) ...", flush=True)
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-cache-dir", "llama-cpp-python"], env=env,
