@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -637,6 +638,18 @@ def plain_read_gbs() -> dict[str, float]:
     return memory_read_gbs(mib=1024, tries=5)
 
 
+def cpu_name() -> str:
+    """The CPU model and its widest SIMD, e.g. "Intel(R) Xeon(R) Processor, AVX-512 + AMX", for each row."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown"
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "unknown")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
+    simd = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{model}, {simd}{' + AMX' if 'amx_tile' in flags else ''}, {os.cpu_count()} CPUs"
+
+
 def _save(rows: list[dict], argv, read: dict | None = None) -> None:
     """Write the table and JSON; rows of other shapes already in the JSON (an earlier --only run) are kept, each
     with the command and date of the run that measured it."""
@@ -647,7 +660,9 @@ def _save(rows: list[dict], argv, read: dict | None = None) -> None:
             for i, a in enumerate(args)]  # no machine paths in the results
     command = "python benchmarks/real_size.py " + " ".join(args)
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    rows = [{**r, "command": r.get("command", command), "date": r.get("date", date)} for r in rows]
+    cpu = cpu_name()
+    rows = [{**r, "command": r.get("command", command), "date": r.get("date", date), "cpu": r.get("cpu", cpu)}
+            for r in rows]
     old = results / "real_size.json"
     if old.exists():
         mine = {r.get("scheme") for r in rows}
@@ -666,9 +681,10 @@ def _save(rows: list[dict], argv, read: dict | None = None) -> None:
 def write_markdown(rows: list[dict]) -> None:
     """benchmarks/results/real_size.md from the rows (python -c "import real_size as r, json; r.write_markdown(
     json.load(open('benchmarks/results/real_size.json'))['rows'])" redraws it after a change of the table)."""
-    runs = "\n".join(f"- {next((r['date'] for r in rows if r['command'] == c and 'date' in r), '2026-12-02')}: "
-                      f"`{c}` ({', '.join(sorted({r['release'] for r in rows if r['command'] == c}))})"
-                      for c in dict.fromkeys(r["command"] for r in rows))
+    def run_key(r):
+        return r["command"], r.get("date", "2026-12-02"), r.get("cpu", "AMD EPYC (Zen 5), AVX-512, 2 CPUs")
+    runs = "\n".join(f"- {d} ({cpu}): `{c}` ({', '.join(sorted({r['release'] for r in rows if run_key(r) == (c, d, cpu)}))})"
+                      for c, d, cpu in dict.fromkeys(run_key(r) for r in rows))
     (REPO / "benchmarks" / "results" / "real_size.md").write_text(f"Runs:\n{runs}\n\n{table(rows)}\n")
 
 
