@@ -342,10 +342,12 @@ QO_INLINE int mxi_pair_ok(const qo_mxi_row* r, int smin, int smax) {
 }
 
 static void mxi_scale_range(const uint8_t* srow, int64_t nb, int* smin, int* smax) {
-  int lo = 255, hi = 0;
+  uint8_t lo = 255, hi = 0; /* bytes: vectorized as byte min / max (int accumulators made it dword lanes, SSE2
+                               emulating min / max: about as many instructions as the GEMV tile itself) */
   for (int64_t b = 0; b < nb; ++b) {
-    lo = srow[b] < lo ? srow[b] : lo;
-    hi = srow[b] > hi ? srow[b] : hi;
+    const uint8_t v = srow[b];
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
   }
   *smin = lo;
   *smax = hi;
