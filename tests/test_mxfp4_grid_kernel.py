@@ -169,3 +169,22 @@ def test_experts_equal_the_dense_op(path):
                 if t.size:
                     assert np.array_equal(y[t, s], native.matmul_mxfp4(a[t], packed[e], scales[e])), (p, T, e)
         path(None)
+
+
+def test_nan_in_a_block_of_zeros_poisons_the_output(path):
+    """A NaN in an A block whose other elements are 0 (before or after it) takes the row off the grid, so every
+    output of the row is NaN, as the float path and Quark's fp32 MatMul give (the NaN was once dropped as a zero
+    block when zeros followed it)."""
+    rng = np.random.default_rng(21)
+    n, k = 9, 128
+    packed = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    scales = rng.integers(120, 130, (n, k // 32), dtype=np.uint8)
+    a = grid_rows(rng, 3, k)  # block 1 all zero
+    a[0, 32], a[1, 63], a[2, 40] = np.nan, np.nan, np.nan
+    for p in PATHS:
+        path(p)
+        for m in (1, 3):
+            y = native.matmul_mxfp4(a[:m], packed, scales)
+            assert np.isnan(y).all(), (p, m)
+        assert not np.isnan(native.matmul_mxfp4(grid_rows(rng, 1, k), packed, scales)).any(), p
+    path(None)

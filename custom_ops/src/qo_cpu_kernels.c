@@ -274,7 +274,9 @@ static int mxi_block(const float* a, int8_t q[QO_MXFP4_BLOCK], int32_t* eb) {
   float amax = 0.0f;
   for (int k = 0; k < QO_MXFP4_BLOCK; ++k) {
     const float v = fabsf(a[k]);
-    if (!(v <= amax)) amax = v; /* NaN: kept, then refused below */
+    if (v != v) return 0; /* NaN: off the grid (was: kept as the max until a later element replaced it, so a NaN
+                             among zeros made an all-zero block and a finite output) */
+    if (!(v <= amax)) amax = v;
   }
   if (!(amax <= 3.4028234663852886e38f)) return 0; /* inf, NaN */
   if (amax == 0.0f) {
