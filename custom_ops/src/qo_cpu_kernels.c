@@ -296,9 +296,19 @@ static int mxi_block(const float* a, int8_t q[QO_MXFP4_BLOCK], int32_t* eb) {
   return 2;
 }
 
+#if QO_X86_AVX2
+static int mxi_block_z(const float* a, int8_t q[QO_MXFP4_BLOCK], int32_t* eb); /* AVX-512, the same results */
+#endif
+int qo_cpu_isa(void);
+
 /* A [M, K] -> prep (mxi_bytes(M, K) bytes): row headers, then each row's chunks. Returns the rows on the grid. */
 static int64_t mxi_prepare(const float* A, int64_t M, int64_t K, uint8_t* prep) {
   const int64_t nb = K / QO_MXFP4_BLOCK, C = mxi_chunks(K);
+#if QO_X86_AVX2
+  int (*const block_of)(const float*, int8_t*, int32_t*) = qo_cpu_isa() == QO_ISA_AVX512 ? mxi_block_z : mxi_block;
+#else
+  int (*const block_of)(const float*, int8_t*, int32_t*) = mxi_block;
+#endif
   qo_mxi_row* rows = (qo_mxi_row*)prep;
   int64_t on = 0;
   for (int64_t m = 0; m < M; ++m) {
@@ -308,7 +318,7 @@ static int64_t mxi_prepare(const float* A, int64_t M, int64_t K, uint8_t* prep) 
     for (int64_t b = 0; b < nb && row.ok; ++b) {
       int8_t q[QO_MXFP4_BLOCK];
       int32_t eb;
-      const int kind = mxi_block(A + m * K + b * QO_MXFP4_BLOCK, q, &eb);
+      const int kind = block_of(A + m * K + b * QO_MXFP4_BLOCK, q, &eb);
       if (!kind) {
         row.ok = 0;
         break;
@@ -1052,6 +1062,36 @@ static void qoz_panel_block(const float* a_pack, const float* panel, float* part
         (nb == 2 ? qoz_tile_1x2 : qoz_tile_1x1)(a, p, n_steps, pt, kc == 0);
     }
   }
+}
+
+/* mxi_block with AVX-512: the same decisions and q (the max by the integer order of |a|'s bits, NaN / inf by its
+ * exponent field, then the same multiplications, truncating conversions and comparisons, 16 elements at a time):
+ * about 15 scalar operations per element were about 2 % of a 4096 x 4096 GEMV, serial before the threads start. */
+static int mxi_block_z(const float* a, int8_t q[QO_MXFP4_BLOCK], int32_t* eb) {
+  const __m512 a0 = _mm512_loadu_ps(a), a1 = _mm512_loadu_ps(a + 16);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
+  const __m512i mx = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(a0), abs_mask),
+                                      _mm512_and_si512(_mm512_castps_si512(a1), abs_mask));
+  const uint32_t amax = (uint32_t)_mm512_reduce_max_epu32(mx);
+  if (amax >= 0x7F800000u) return 0; /* inf, NaN */
+  if (amax == 0) {
+    memset(q, 0, QO_MXFP4_BLOCK);
+    *eb = 0;
+    return 1;
+  }
+  if (!(amax >> 23)) return 0; /* a subnormal max: ilogbf < -126, so e < -QO_MXI_E_LIMIT */
+  const int e = (int)(amax >> 23) - 127 - QO_MXI_AMAX_SHIFT;
+  if (e < -QO_MXI_E_LIMIT || e > QO_MXI_E_LIMIT) return 0;
+  const __m512 down = _mm512_set1_ps(qo_bits_to_f32((uint32_t)(127 - e) << 23));
+  const __m512 up = _mm512_set1_ps(qo_bits_to_f32((uint32_t)(127 + e) << 23));
+  const __m512i i0 = _mm512_cvttps_epi32(_mm512_mul_ps(a0, down)), i1 = _mm512_cvttps_epi32(_mm512_mul_ps(a1, down));
+  if (_mm512_cmp_ps_mask(_mm512_mul_ps(_mm512_cvtepi32_ps(i0), up), a0, _CMP_NEQ_UQ) |
+      _mm512_cmp_ps_mask(_mm512_mul_ps(_mm512_cvtepi32_ps(i1), up), a1, _CMP_NEQ_UQ))
+    return 0;
+  _mm_storeu_si128((__m128i*)q, _mm512_cvtepi32_epi8(i0));
+  _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtepi32_epi8(i1));
+  *eb = e - 1;
+  return 2;
 }
 
 /* MXFP4 block-integer tile (see mxi_prepare), AVX-512: mr prepared A rows x nr weight rows, out[i * nr + r]; one
