@@ -120,7 +120,7 @@ static void fp8_value_table(void) {
 /* MXFP4 / NVFP4 value tables of the AVX512_VBMI GEMV: lut[16 * c + i] = (float)(2 * e2m1 of code i) *
  * half_scale[c], the very float32 products the other paths compute per element, built once per thread and weight
  * kind (fmt, lut_key) instead of two multiplications per block and row in the loop. */
-static QO_THREAD_LOCAL float tls_fp4_lut[256 * 16] __attribute__((aligned(64)));
+static QO_THREAD_LOCAL float tls_fp4_lut[256 * 16]; /* read with unaligned loads: no TLS alignment assumed */
 static QO_THREAD_LOCAL int tls_fp4_lut_fmt = -1;
 static QO_THREAD_LOCAL uint32_t tls_fp4_lut_key = 0;
 
@@ -824,12 +824,12 @@ static inline QOZ_VBMI void qoz_fp4_pair_vbmi(const int fmt, const float* lut, c
                                   0xEA);
   const int64_t b = k / qo_block_of(fmt);
   const __m512i i1 = _mm512_srli_epi32(idx, 8), i2 = _mm512_srli_epi32(idx, 16), i3 = _mm512_srli_epi32(idx, 24);
-  __m512 ta = _mm512_load_ps(lut + 16 * (size_t)sa[b]), tb = _mm512_load_ps(lut + 16 * (size_t)sb[b]);
+  __m512 ta = _mm512_loadu_ps(lut + 16 * (size_t)sa[b]), tb = _mm512_loadu_ps(lut + 16 * (size_t)sb[b]);
   out[0] = _mm512_permutex2var_ps(ta, idx, tb);
   out[1] = _mm512_permutex2var_ps(ta, i1, tb);
   if (fmt == QO_W_NVFP4) {
-    ta = _mm512_load_ps(lut + 16 * (size_t)sa[b + 1]);
-    tb = _mm512_load_ps(lut + 16 * (size_t)sb[b + 1]);
+    ta = _mm512_loadu_ps(lut + 16 * (size_t)sa[b + 1]);
+    tb = _mm512_loadu_ps(lut + 16 * (size_t)sb[b + 1]);
   }
   out[2] = _mm512_permutex2var_ps(ta, i2, tb);
   out[3] = _mm512_permutex2var_ps(ta, i3, tb);
