@@ -275,3 +275,31 @@ def test_tiny_shapes(fmt, path):
             assert np.array_equal(call(a), y), f"{fmt} N={n} K={k}: {p}"
             assert np.array_equal(call(a[:1]), y[:1]) and np.array_equal(call(a[:3]), y[:3]), f"{fmt} {p}"
         path(None)
+
+
+def test_fp4_value_tables_follow_the_weight(path):
+    """The AVX512_VBMI FP4 GEMV keeps its 2 * e2m1 x half-block-scale tables per thread, rebuilt when the weight kind
+    changes (MXFP4 / NVFP4, NVFP4's scale_2): GEMVs alternating formats and scale_2 values, each against the float64
+    decoding and the portable path's bits; M = 1 and 3, 1 and 2 threads, N off the 8-row tile."""
+    rng = np.random.default_rng(17)
+    n, k = 19, 224
+    packed = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    nv_scales = rng.integers(0x08, 0x7E, (n, k // 16), dtype=np.uint8)
+    mx_scales = rng.integers(118, 136, (n, k // 32), dtype=np.uint8)
+    a = (rng.standard_normal((3, k)) * np.logspace(-2, 2, k)).astype(np.float32)
+    cases = [(lambda x, s2=s2: native.matmul_nvfp4(x, packed, nv_scales, s2), nvfp4_weight(packed, nv_scales, s2))
+             for s2 in (np.float32(0.0123), np.float32(3.5), np.float32(-0.75))]
+    cases.insert(1, ((lambda x: native.matmul_mxfp4(x, packed, mx_scales)), mxfp4_weight(packed, mx_scales)))
+    path("portable")
+    want = [call(a) for call, _ in cases]
+    for (_, w), y in zip(cases, want):
+        assert rel_error(y, a, w) <= REL_FP32
+    for threads in (1, 2):
+        omp_threads(threads)
+        for p in ("avx512", "avx512-novbmi", "avx2"):
+            path(p)
+            for _ in range(2):  # every switch of weight kind, twice round
+                for (call, _), y in zip(cases, want):
+                    assert np.array_equal(call(a[:1]), y[:1]) and np.array_equal(call(a), y), f"{p} {threads}t"
+    path(None)
+    omp_threads(2)

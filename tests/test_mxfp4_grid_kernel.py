@@ -169,3 +169,60 @@ def test_experts_equal_the_dense_op(path):
                 if t.size:
                     assert np.array_equal(y[t, s], native.matmul_mxfp4(a[t], packed[e], scales[e])), (p, T, e)
         path(None)
+
+
+def test_nan_in_a_block_of_zeros_poisons_the_output(path):
+    """A NaN in an A block whose other elements are 0 (before or after it) takes the row off the grid, so every
+    output of the row is NaN, as the float path and Quark's fp32 MatMul give (the NaN was once dropped as a zero
+    block when zeros followed it)."""
+    rng = np.random.default_rng(21)
+    n, k = 9, 128
+    packed = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    scales = rng.integers(120, 130, (n, k // 32), dtype=np.uint8)
+    a = grid_rows(rng, 3, k)  # block 1 all zero
+    a[0, 32], a[1, 63], a[2, 40] = np.nan, np.nan, np.nan
+    for p in PATHS:
+        path(p)
+        for m in (1, 3):
+            y = native.matmul_mxfp4(a[:m], packed, scales)
+            assert np.isnan(y).all(), (p, m)
+        assert not np.isnan(native.matmul_mxfp4(grid_rows(rng, 1, k), packed, scales)).any(), p
+    path(None)
+
+
+def test_grid_check_edges_same_on_every_path(path):
+    """The grid check of A (scalar on the portable / AVX2 paths, AVX-512 on its own) decides alike at its edges: block
+    exponents e = +-100 (on the grid, the integer path: the order emulation's bits) and +-101 (off: the float path),
+    a subnormal block max, -0.0 and subnormal elements in a block, an inf; M = 1 and 3."""
+    rng = np.random.default_rng(23)
+    n, k = 10, 128
+    packed = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    scales = rng.integers(110, 131, (n, k // 32), dtype=np.uint8)
+    rows = []
+    for e in (-100, 100, -101, 101):
+        q = rng.integers(-127, 128, (k // 32, 32)).astype(np.float64)
+        q[:, 0] = 127  # the block max: 127 * 2^e, so e is the block's exponent - 6
+        rows.append((q * 2.0 ** e).reshape(k))
+    tiny = grid_rows(rng, 1, k)[0].astype(np.float64)
+    tiny[32:64] = rng.integers(-3, 4, 32) * 2.0 ** -140  # a subnormal block max: off the grid
+    rows.append(tiny)
+    signed_zero = grid_rows(rng, 1, k)[0].astype(np.float64)
+    signed_zero[64:96] = -0.0  # an all-zero block of -0.0: on the grid
+    rows.append(signed_zero)
+    inf = grid_rows(rng, 1, k)[0].astype(np.float64)
+    inf[100] = np.inf
+    rows.append(inf)
+    a = np.array(rows).astype(np.float32)
+    on = [0, 1, 5]
+    path("portable")
+    want = native.matmul_mxfp4(a, packed, scales)
+    assert np.array_equal(want[on], order_emulation(a[on], packed, scales))
+    assert rel_error(want[[2, 3]], a[[2, 3]], mxfp4_weight(packed, scales)) <= REL_FP32
+    for i in (2, 3):  # off the grid: the float path's order, not the integer one's
+        assert not np.array_equal(want[i], order_emulation(a[i:i + 1], packed, scales)[0]), i
+    for p in PATHS:
+        path(p)
+        assert np.array_equal(native.matmul_mxfp4(a, packed, scales), want, equal_nan=True), p
+        for i in range(len(rows)):
+            assert np.array_equal(native.matmul_mxfp4(a[i:i + 1], packed, scales), want[i:i + 1], equal_nan=True), p
+    path(None)

@@ -93,6 +93,7 @@ typedef struct {
   int64_t scales_per_row;
   int block;              /* elements per block scale */
   float half_scale[256];  /* block-scale code -> half the float32 block scale (multiplies 2 * e2m1, an integer) */
+  uint32_t lut_key;       /* MXFP4 / NVFP4: what half_scale depends on besides fmt (NVFP4: scale_2's bits) */
 } qo_weight;
 
 /* 2 * e2m1 value of each 4-bit code (bit 3 sign): exact small integers. */
@@ -114,6 +115,23 @@ static void fp8_value_table(void) {
     qo_fp8_lo[c] = (uint8_t)(qo_f32_to_bits(qo_fp8_value[c]) >> 16);
   }
   qo_fp8_value_ready = 1; /* benign race: every thread writes the same values */
+}
+
+/* MXFP4 / NVFP4 value tables of the AVX512_VBMI GEMV: lut[16 * c + i] = (float)(2 * e2m1 of code i) *
+ * half_scale[c], the very float32 products the other paths compute per element, built once per thread and weight
+ * kind (fmt, lut_key) instead of two multiplications per block and row in the loop. */
+static QO_THREAD_LOCAL float tls_fp4_lut[256 * 16]; /* read with unaligned loads: no TLS alignment assumed */
+static QO_THREAD_LOCAL int tls_fp4_lut_fmt = -1;
+static QO_THREAD_LOCAL uint32_t tls_fp4_lut_key = 0;
+
+static __attribute__((noinline)) const float* fp4_lut(const qo_weight* w) {
+  if (tls_fp4_lut_fmt != w->fmt || tls_fp4_lut_key != w->lut_key) {
+    for (int c = 0; c < 256; ++c)
+      for (int i = 0; i < 16; ++i) tls_fp4_lut[16 * c + i] = (float)QO_E2M1_X2[i] * w->half_scale[c];
+    tls_fp4_lut_fmt = w->fmt;
+    tls_fp4_lut_key = w->lut_key;
+  }
+  return tls_fp4_lut;
 }
 
 /* Exact float32 value of weight element (n, k). */
@@ -256,7 +274,9 @@ static int mxi_block(const float* a, int8_t q[QO_MXFP4_BLOCK], int32_t* eb) {
   float amax = 0.0f;
   for (int k = 0; k < QO_MXFP4_BLOCK; ++k) {
     const float v = fabsf(a[k]);
-    if (!(v <= amax)) amax = v; /* NaN: kept, then refused below */
+    if (v != v) return 0; /* NaN: off the grid (was: kept as the max until a later element replaced it, so a NaN
+                             among zeros made an all-zero block and a finite output) */
+    if (!(v <= amax)) amax = v;
   }
   if (!(amax <= 3.4028234663852886e38f)) return 0; /* inf, NaN */
   if (amax == 0.0f) {
@@ -276,9 +296,19 @@ static int mxi_block(const float* a, int8_t q[QO_MXFP4_BLOCK], int32_t* eb) {
   return 2;
 }
 
+#if QO_X86_AVX2
+static int mxi_block_z(const float* a, int8_t q[QO_MXFP4_BLOCK], int32_t* eb); /* AVX-512, the same results */
+#endif
+int qo_cpu_isa(void);
+
 /* A [M, K] -> prep (mxi_bytes(M, K) bytes): row headers, then each row's chunks. Returns the rows on the grid. */
 static int64_t mxi_prepare(const float* A, int64_t M, int64_t K, uint8_t* prep) {
   const int64_t nb = K / QO_MXFP4_BLOCK, C = mxi_chunks(K);
+#if QO_X86_AVX2
+  int (*const block_of)(const float*, int8_t*, int32_t*) = qo_cpu_isa() == QO_ISA_AVX512 ? mxi_block_z : mxi_block;
+#else
+  int (*const block_of)(const float*, int8_t*, int32_t*) = mxi_block;
+#endif
   qo_mxi_row* rows = (qo_mxi_row*)prep;
   int64_t on = 0;
   for (int64_t m = 0; m < M; ++m) {
@@ -288,7 +318,7 @@ static int64_t mxi_prepare(const float* A, int64_t M, int64_t K, uint8_t* prep) 
     for (int64_t b = 0; b < nb && row.ok; ++b) {
       int8_t q[QO_MXFP4_BLOCK];
       int32_t eb;
-      const int kind = mxi_block(A + m * K + b * QO_MXFP4_BLOCK, q, &eb);
+      const int kind = block_of(A + m * K + b * QO_MXFP4_BLOCK, q, &eb);
       if (!kind) {
         row.ok = 0;
         break;
@@ -324,10 +354,12 @@ QO_INLINE int mxi_pair_ok(const qo_mxi_row* r, int smin, int smax) {
 }
 
 static void mxi_scale_range(const uint8_t* srow, int64_t nb, int* smin, int* smax) {
-  int lo = 255, hi = 0;
+  uint8_t lo = 255, hi = 0; /* bytes: vectorized as byte min / max (int accumulators made it dword lanes, SSE2
+                               emulating min / max: about as many instructions as the GEMV tile itself) */
   for (int64_t b = 0; b < nb; ++b) {
-    lo = srow[b] < lo ? srow[b] : lo;
-    hi = srow[b] > hi ? srow[b] : hi;
+    const uint8_t v = srow[b];
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
   }
   *smin = lo;
   *smax = hi;
@@ -625,8 +657,11 @@ QO_INLINE void avx_mxi_tile(const int mr, const int nr, const qo_mxi_chunk* cons
   const int64_t C = (nb + 3) / 4;
   for (int64_t c = 0; c < C; ++c) {
     const int64_t left = nb - 4 * c;
-    if (QO_GEMV_PF)
-      for (int r = 0; r < nr; ++r) _mm_prefetch((const char*)rows[r] + 64 * c + QO_GEMV_PF, _MM_HINT_T0);
+    if (QO_GEMV_PF) { /* past a row's end: row r of the next tile (rows are contiguous) */
+      int64_t ahead = 64 * c + QO_GEMV_PF;
+      if (ahead >= 16 * nb) ahead += (nr - 1) * 16 * nb;
+      for (int r = 0; r < nr; ++r) _mm_prefetch((const char*)rows[r] + ahead, _MM_HINT_T0);
+    }
 #pragma GCC unroll 4
     for (int r = 0; r < nr; ++r) {
       int32_t s4 = 0;
@@ -761,12 +796,14 @@ QO_INLINE void qoz_dec32_pair(const int fmt, const qo_weight* w, const uint8_t* 
                                             _mm_loadl_epi64((const __m128i*)(rb + k + 8 * s))));
 }
 
-/* MXFP4 / NVFP4 elements k..k+31 of rows a and b (as qoz_dec32_pair) by two permutes per 16 elements (needs
- * AVX512_VBMI): vpermb moves each element's nibble into the low byte of its dword (row b's nibbles + 16), and
- * vpermt2ps looks the value up in the two rows' 16-entry tables 2 * e2m1 * half block scale (the products the
- * other paths compute per element, the same float32 multiplications). */
-static const uint8_t QOZ_FP4_IDX[64] = {
-#define QOZ_L(s, L) (uint8_t)((((8 * (s) + (L) % 8) & 1) ? 32 : 0) + ((L) / 8) * 16 + (8 * (s) + (L) % 8) / 2)
+/* MXFP4 / NVFP4 elements k..k+31 of rows a and b (as qoz_dec32_pair) by permutes (needs AVX512_VBMI): one vpermt2b
+ * gathers from the two rows' 16 packed bytes, into byte s of dword L, the byte holding the nibble of step s (element
+ * 8s + L % 8 of row L / 8); the odd lanes (high nibbles) shift right by 4, one vpternlogd keeps the nibble and sets
+ * bit 4 for row b; then per step s vpermt2ps on bits 0..4 of (that >> 8s) looks the value up in the two rows'
+ * 16-entry tables 2 * e2m1 * half block scale (fp4_lut: the products the other paths compute per element, the same
+ * float32 multiplications). */
+static const uint8_t QOZ_FP4_IDX[64] = { /* byte s of dword L: byte 4s + (L % 8) / 2 of row L / 8 (b at 64) */
+#define QOZ_L(s, L) (uint8_t)(((L) / 8) * 64 + 4 * (s) + ((L) % 8) / 2)
 #define QOZ_D(L) QOZ_L(0, L), QOZ_L(1, L), QOZ_L(2, L), QOZ_L(3, L)
     QOZ_D(0), QOZ_D(1), QOZ_D(2), QOZ_D(3), QOZ_D(4), QOZ_D(5), QOZ_D(6), QOZ_D(7), QOZ_D(8), QOZ_D(9), QOZ_D(10),
     QOZ_D(11), QOZ_D(12), QOZ_D(13), QOZ_D(14), QOZ_D(15)};
@@ -775,29 +812,27 @@ static const uint8_t QOZ_FP4_IDX[64] = {
 
 #define QOZ_VBMI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")))
 #define QOZ_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
-static inline QOZ_VBMI void qoz_fp4_pair_vbmi(const int fmt, const qo_weight* w, const uint8_t* ra, const uint8_t* rb,
-                                 const uint8_t* sa, const uint8_t* sb, int64_t k, __m512 out[4]) {
-  const __m256i x = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(ra + k / 2))),
-                                            _mm_loadu_si128((const __m128i*)(rb + k / 2)), 1);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  const __m256i row_b = _mm256_setr_epi64x(0, 0, 0x1010101010101010LL, 0x1010101010101010LL);
-  const __m256i lo = _mm256_or_si256(_mm256_and_si256(x, m4), row_b);
-  const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), m4), row_b);
-  const __m512i src = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); /* lo_a lo_b hi_a hi_b */
-  const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+static inline QOZ_VBMI void qoz_fp4_pair_vbmi(const int fmt, const float* lut, const uint8_t* ra, const uint8_t* rb,
+                                              const uint8_t* sa, const uint8_t* sb, int64_t k, __m512 out[4]) {
+  const __m512i xa = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)(ra + k / 2)));
+  const __m512i xb = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)(rb + k / 2)));
+  __m512i idx = _mm512_permutex2var_epi8(xa, _mm512_loadu_si512((const void*)QOZ_FP4_IDX), xb);
+  idx = _mm512_mask_srli_epi32(idx, 0xAAAA, idx, 4); /* odd lanes: the high nibbles */
+  idx = _mm512_ternarylogic_epi32(idx, _mm512_set1_epi8(0x0F), /* (idx & 0x0F) | 0x10 in row b's lanes */
+                                  _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0x10101010, 0x10101010, 0x10101010,
+                                                    0x10101010, 0x10101010, 0x10101010, 0x10101010, 0x10101010),
+                                  0xEA);
   const int64_t b = k / qo_block_of(fmt);
-  __m512 ta = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sa[b]]));
-  __m512 tb = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sb[b]]));
-  /* byte s of dword L: the nibble of step s (vpermt2ps reads bits 0..4 of a dword: one shift by 8 per step) */
-  __m512i idx = _mm512_permutexvar_epi8(_mm512_loadu_si512((const void*)QOZ_FP4_IDX), src);
-  for (int s = 0; s < 4; ++s) {
-    if (s == 2 && fmt == QO_W_NVFP4) {
-      ta = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sa[b + 1]]));
-      tb = _mm512_mul_ps(table, _mm512_set1_ps(w->half_scale[sb[b + 1]]));
-    }
-    if (s) idx = _mm512_srli_epi32(idx, 8);
-    out[s] = _mm512_permutex2var_ps(ta, idx, tb);
+  const __m512i i1 = _mm512_srli_epi32(idx, 8), i2 = _mm512_srli_epi32(idx, 16), i3 = _mm512_srli_epi32(idx, 24);
+  __m512 ta = _mm512_loadu_ps(lut + 16 * (size_t)sa[b]), tb = _mm512_loadu_ps(lut + 16 * (size_t)sb[b]);
+  out[0] = _mm512_permutex2var_ps(ta, idx, tb);
+  out[1] = _mm512_permutex2var_ps(ta, i1, tb);
+  if (fmt == QO_W_NVFP4) {
+    ta = _mm512_loadu_ps(lut + 16 * (size_t)sa[b + 1]);
+    tb = _mm512_loadu_ps(lut + 16 * (size_t)sb[b + 1]);
   }
+  out[2] = _mm512_permutex2var_ps(ta, i2, tb);
+  out[3] = _mm512_permutex2var_ps(ta, i3, tb);
 }
 
 /* FP8 / INT8 elements k..k+31 of rows a and b (as qoz_dec32_pair) by byte permutes (needs AVX512_VBMI), rows a and
@@ -844,7 +879,8 @@ static inline QOZ_VBMI void qoz_byte_pair_vbmi(const int fmt, const uint8_t* ra,
 }
 
 /* GEMV tile: mr activation rows (all of M) x np weight-row pairs starting at n. */
-QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* job, int64_t n, const int vbmi) {
+QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* job, int64_t n, const int vbmi,
+                             const float* lut) {
   const qo_weight* w = job->w;
   const int64_t K = job->K, K8 = K & ~(int64_t)(QO_LANES - 1);
   const float* A = job->A;
@@ -874,7 +910,7 @@ QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* 
       if (vbmi && (fmt == QO_W_FP8 || fmt == QO_W_INT8))
         qoz_byte_pair_vbmi(fmt, rows[2 * p], rows[2 * p + 1], k, wv);
       else if (vbmi)
-        qoz_fp4_pair_vbmi(fmt, w, rows[2 * p], rows[2 * p + 1], srows[2 * p], srows[2 * p + 1], k, wv);
+        qoz_fp4_pair_vbmi(fmt, lut, rows[2 * p], rows[2 * p + 1], srows[2 * p], srows[2 * p + 1], k, wv);
       else
         qoz_dec32_pair(fmt, w, rows[2 * p], rows[2 * p + 1], srows[2 * p], srows[2 * p + 1], k, wv);
       for (int s = 0; s < 4; ++s)
@@ -909,22 +945,23 @@ QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* 
 
 QO_INLINE void qoz_gemv_rows(const int fmt, qo_job* job, int64_t n0, int64_t n1, const int vbmi) {
   int64_t n = n0;
+  const float* lut = vbmi && (fmt == QO_W_MXFP4 || fmt == QO_W_NVFP4) ? fp4_lut(job->w) : NULL;
   switch (job->M) {
     case 1:
-      for (; n + 8 <= n1; n += 8) qoz_gemv_tile(fmt, 1, 4, job, n, vbmi);
-      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 1, 1, job, n, vbmi);
+      for (; n + 8 <= n1; n += 8) qoz_gemv_tile(fmt, 1, 4, job, n, vbmi, lut);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 1, 1, job, n, vbmi, lut);
       break;
     case 2:
-      for (; n + 8 <= n1; n += 8) qoz_gemv_tile(fmt, 2, 4, job, n, vbmi);
-      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 2, 1, job, n, vbmi);
+      for (; n + 8 <= n1; n += 8) qoz_gemv_tile(fmt, 2, 4, job, n, vbmi, lut);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 2, 1, job, n, vbmi, lut);
       break;
     case 3:
-      for (; n + 4 <= n1; n += 4) qoz_gemv_tile(fmt, 3, 2, job, n, vbmi);
-      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 3, 1, job, n, vbmi);
+      for (; n + 4 <= n1; n += 4) qoz_gemv_tile(fmt, 3, 2, job, n, vbmi, lut);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 3, 1, job, n, vbmi, lut);
       break;
     default:
-      for (; n + 4 <= n1; n += 4) qoz_gemv_tile(fmt, 4, 2, job, n, vbmi);
-      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 4, 1, job, n, vbmi);
+      for (; n + 4 <= n1; n += 4) qoz_gemv_tile(fmt, 4, 2, job, n, vbmi, lut);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 4, 1, job, n, vbmi, lut);
       break;
   }
   for (; n < n1; ++n) avx_gemv_tile(fmt, (int)job->M, 1, job, n); /* an odd last row: the AVX2 tile, same order */
@@ -1027,6 +1064,36 @@ static void qoz_panel_block(const float* a_pack, const float* panel, float* part
   }
 }
 
+/* mxi_block with AVX-512: the same decisions and q (the max by the integer order of |a|'s bits, NaN / inf by its
+ * exponent field, then the same multiplications, truncating conversions and comparisons, 16 elements at a time):
+ * about 15 scalar operations per element were about 2 % of a 4096 x 4096 GEMV, serial before the threads start. */
+static int mxi_block_z(const float* a, int8_t q[QO_MXFP4_BLOCK], int32_t* eb) {
+  const __m512 a0 = _mm512_loadu_ps(a), a1 = _mm512_loadu_ps(a + 16);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
+  const __m512i mx = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(a0), abs_mask),
+                                      _mm512_and_si512(_mm512_castps_si512(a1), abs_mask));
+  const uint32_t amax = (uint32_t)_mm512_reduce_max_epu32(mx);
+  if (amax >= 0x7F800000u) return 0; /* inf, NaN */
+  if (amax == 0) {
+    memset(q, 0, QO_MXFP4_BLOCK);
+    *eb = 0;
+    return 1;
+  }
+  if (!(amax >> 23)) return 0; /* a subnormal max: ilogbf < -126, so e < -QO_MXI_E_LIMIT */
+  const int e = (int)(amax >> 23) - 127 - QO_MXI_AMAX_SHIFT;
+  if (e < -QO_MXI_E_LIMIT || e > QO_MXI_E_LIMIT) return 0;
+  const __m512 down = _mm512_set1_ps(qo_bits_to_f32((uint32_t)(127 - e) << 23));
+  const __m512 up = _mm512_set1_ps(qo_bits_to_f32((uint32_t)(127 + e) << 23));
+  const __m512i i0 = _mm512_cvttps_epi32(_mm512_mul_ps(a0, down)), i1 = _mm512_cvttps_epi32(_mm512_mul_ps(a1, down));
+  if (_mm512_cmp_ps_mask(_mm512_mul_ps(_mm512_cvtepi32_ps(i0), up), a0, _CMP_NEQ_UQ) |
+      _mm512_cmp_ps_mask(_mm512_mul_ps(_mm512_cvtepi32_ps(i1), up), a1, _CMP_NEQ_UQ))
+    return 0;
+  _mm_storeu_si128((__m128i*)q, _mm512_cvtepi32_epi8(i0));
+  _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtepi32_epi8(i1));
+  *eb = e - 1;
+  return 2;
+}
+
 /* MXFP4 block-integer tile (see mxi_prepare), AVX-512: mr prepared A rows x nr weight rows, out[i * nr + r]; one
  * zmm per (A row, weight row) holds the 16 lanes, one chunk (64 weight bytes, 4 blocks) per step; the last chunk's
  * missing blocks are masked to weight code 0 against A 0 and scale code 0 (their steps add +0). The quad sums by
@@ -1084,9 +1151,12 @@ QO_INLINE void qoz_mxi_tile(const int mr, const int nr, const int vnni, const qo
     for (int r = 0; r < nr; ++r) acc[i][r] = _mm512_setzero_ps();
   const int64_t full = nb / 4;
   for (int64_t c = 0; c < full; ++c) {
-    if (QO_GEMV_PF)
+    if (QO_GEMV_PF) { /* past a row's end: row r of the next tile (rows are contiguous), as qoz_gemv_tile */
+      int64_t ahead = 64 * c + QO_GEMV_PF;
+      if (ahead >= 16 * nb) ahead += (nr - 1) * 16 * nb;
 #pragma GCC unroll 8
-      for (int r = 0; r < nr; ++r) _mm_prefetch((const char*)rows[r] + 64 * c + QO_GEMV_PF, _MM_HINT_T0);
+      for (int r = 0; r < nr; ++r) _mm_prefetch((const char*)rows[r] + ahead, _MM_HINT_T0);
+    }
     qoz_mxi_step(mr, nr, vnni, 4, x, rows, srows, c, acc);
   }
   if (nb % 4) qoz_mxi_step(mr, nr, vnni, nb % 4, x, rows, srows, full, acc);
@@ -1632,6 +1702,7 @@ static void weight_mxfp4(qo_weight* w, const uint8_t* B, const uint8_t* B_scale,
   w->scales = B_scale;
   w->scales_per_row = K / QO_MXFP4_BLOCK;
   w->block = QO_MXFP4_BLOCK;
+  w->lut_key = 0;
   for (int s = 0; s < 256; ++s) w->half_scale[s] = qo_e8m0_to_f32((uint8_t)s) * 0.5f; /* exact: powers of two */
 }
 
@@ -1640,6 +1711,7 @@ static void weight_nvfp4(qo_weight* w, const uint8_t* B, const uint8_t* B_scale,
   w->scales = B_scale;
   w->scales_per_row = K / QO_NVFP4_BLOCK;
   w->block = QO_NVFP4_BLOCK;
+  w->lut_key = qo_f32_to_bits(B_scale_2);
   for (int c = 0; c < 256; ++c) w->half_scale[c] = (qo_e4m3fn_to_f32((uint8_t)c) * B_scale_2) * 0.5f;
 }
 
