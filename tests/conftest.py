@@ -70,6 +70,7 @@ HEAVY = (
     "tests/test_verify.py::test_quark_export_reference_is_emulated_by_quark",
     "tests/test_custom_ops_gpu_build.py::test_cuda_kernels_compile_for_sm80_and_sm90",
     "tests/test_custom_ops_gpu_build.py::test_cuda_ort_library_builds_and_its_cpu_kernels_run_in_cpu_ort",
+    "tests/test_real_model_float.py",  # transformers' slow GGUF loader, the reference of real_model's direct reader
 )
 
 
