@@ -107,6 +107,64 @@ def pytest_collection_finish(session):
     session.config.stash[_DECLARED] = declared_exports(modules)
     session.config.stash[_DECLARED_REFS] = declared_exports(modules, "QUARK_IMPORTER_REFERENCES")
     _start_real_exports(session, modules)
+    _start_script_runs(session)
+
+
+# scripts/quantize_quark.py runs that several heavy tests share (tests/quantize_script_kit.py SCRIPT_RUNS): started in
+# the background, two at a time, when collection ends; the fixtures below wait for the one a test asks for.
+_SCRIPT_RUNS = pytest.StashKey[object]()
+
+
+def _script_runs(config):
+    import quantize_script_kit
+    runs = config.stash.get(_SCRIPT_RUNS, None)
+    if runs is None:
+        runs = config.stash[_SCRIPT_RUNS] = quantize_script_kit.ScriptRuns(
+            Path(tempfile.mkdtemp(prefix="qo-quark-script-")))
+    return runs
+
+
+def _start_script_runs(session) -> None:
+    import quantize_script_kit
+    names = quantize_script_kit.wanted_runs(session.items)
+    if names and not session.config.option.collectonly and quantize_script_kit.can_quantize():
+        _script_runs(session.config).start(names)
+
+
+def _script_run(request, fixture_name: str):
+    import quantize_script_kit
+    if not quantize_script_kit.can_quantize():
+        pytest.skip("needs the 'test' extra: torch==2.13.0, amd-quark==0.13, transformers")
+    return _script_runs(request.config).get(quantize_script_kit.RUN_FIXTURES[fixture_name])
+
+
+@pytest.fixture(scope="session")
+def uint4_g64_script_run(request):
+    """(run folder, CompletedProcess) of quantize_quark.py: uint4 g64, lm_head g32 (folder/quark: the export)."""
+    return _script_run(request, "uint4_g64_script_run")
+
+
+@pytest.fixture(scope="session")
+def fp8_script_run(request):
+    """(run folder, CompletedProcess) of quantize_quark.py: w_fp8_a_fp8 calibrated on a local jsonl."""
+    return _script_run(request, "fp8_script_run")
+
+
+@pytest.fixture(scope="session")
+def uint4_g32_cpu_script_run(request):
+    """(run folder, CompletedProcess) of quantize_quark.py: uint4 g32, lm_head too, -> ONNX (folder/onnx) -> verify
+    (folder/verify.json)."""
+    return _script_run(request, "uint4_g32_cpu_script_run")
+
+
+@pytest.fixture(scope="session")
+def script_float_model(request):
+    """The bf16 tiny float model the shared quantize_quark.py runs start from."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+        pytest.skip("needs torch + transformers to write the tiny float model")
+    runs = _script_runs(request.config)
+    runs.start([])
+    return runs.float_model
 
 
 # The real model's exports (tests/real_model.py: a 135M model quantized 8 ways, minutes of CPU) are made in ONE
@@ -160,6 +218,11 @@ def pytest_runtest_setup(item):
 
 
 def pytest_unconfigure(config):
+    runs = config.stash.get(_SCRIPT_RUNS, None)
+    if runs is not None:
+        runs.close()
+        import shutil
+        shutil.rmtree(runs.root, ignore_errors=True)
     job = config.stash.get(_REAL_JOB, None)
     if job is not None:  # the session ended (or was interrupted) before test_real_model ran
         proc, log = job
