@@ -106,8 +106,15 @@ def pytest_collection_finish(session):
     modules = dict.fromkeys(item.module for item in session.items if getattr(item, "module", None) is not None)
     session.config.stash[_DECLARED] = declared_exports(modules)
     session.config.stash[_DECLARED_REFS] = declared_exports(modules, "QUARK_IMPORTER_REFERENCES")
-    _start_real_exports(session, modules)
+    _start_real_exports(session, [item for item in session.items if "real_exports" in getattr(item, "fixturenames", ())
+                                  and not _skipped_by_mark(item)])
     _start_script_runs(session)
+
+
+def _skipped_by_mark(item) -> bool:
+    """A skip mark, or a skipif mark whose condition is already True (a bool, not a string to evaluate)."""
+    return any(True for _ in item.iter_markers("skip")) or any(
+        m.args and m.args[0] is True for m in item.iter_markers("skipif"))
 
 
 # scripts/quantize_quark.py runs that several heavy tests share (tests/quantize_script_kit.py SCRIPT_RUNS): started in
@@ -175,9 +182,10 @@ def script_float_model(request):
 _REAL_JOB = pytest.StashKey[object]()
 
 
-def _start_real_exports(session, modules) -> None:
-    real = next((m for m in modules if m.__name__ == "test_real_model"), None)
-    if real is None or session.config.option.collectonly or os.environ.get("QO_REAL_BACKGROUND", "1") == "0":
+def _start_real_exports(session, users) -> None:
+    """users: the selected tests that need the real exports and are not skipped by a mark (the heavy 1,024-token
+    tests are, without QO_REAL_LONG=1: `pytest -m heavy` from an empty cache made the 8 exports for nothing)."""
+    if not users or session.config.option.collectonly or os.environ.get("QO_REAL_BACKGROUND", "1") == "0":
         return
     import real_model
     if importlib.util.find_spec("quark") is None or real_model.gguf_path() is None:
