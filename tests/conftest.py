@@ -197,7 +197,10 @@ def _start_real_exports(session, users) -> None:
         return
     # the same job ensure_real_exports(root, REAL_SCHEMES) would run, but started without waiting for it
     env = real_model._quiet_env()
-    env["OMP_NUM_THREADS"] = env.get("QO_REAL_THREADS", "2")  # as ensure_real_exports
+    # One intra-op thread: the suite keeps the other core busy, and two OpenMP threads on one free core spin at every
+    # barrier. Measured (int8_w8a8 + mxfp4 with one core kept busy, 2026-12-04): 2 threads 115 s wall / 101 s CPU,
+    # 1 thread 63 s / 42 s. ensure_real_exports (pytest waiting, nothing else running) keeps 2. QO_REAL_THREADS sets it.
+    env["OMP_NUM_THREADS"] = env.get("QO_REAL_THREADS", "1")
     log = tempfile.NamedTemporaryFile("w+", prefix="qo-real-model-job-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, real_model.__file__, "job", "-"], stdin=subprocess.PIPE, stdout=log,
                             stderr=subprocess.STDOUT, text=True, env=env)
