@@ -28,7 +28,7 @@ REPO_ROOT = TESTS_DIR.parent
 sys.path.insert(0, str(TESTS_DIR))
 
 from quark_factory import (RECIPES, SHAPES, QuantRecipe, TinyModelSpec, ensure_exports,  # noqa: E402
-                           export_dir_for, is_complete)
+                           export_dir_for, is_complete, start_exports)
 
 ExportItem = tuple[TinyModelSpec, QuantRecipe]
 _DECLARED = pytest.StashKey[list]()
@@ -81,6 +81,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.quick)
         if item.nodeid.startswith(HEAVY):
             item.add_marker(pytest.mark.heavy)
+    _order_by_what_modules_wait_for(items)
+
+
+def _order_by_what_modules_wait_for(items) -> None:
+    """Whole modules, in their own order within each group: first those that need no Quark export, then those that
+    need the tiny-model exports, then those that need the real model's. From an empty cache both export jobs start
+    in the background when collection ends (pytest_collection_finish) and make their exports while the modules
+    before them run, instead of pytest waiting on the first module that needs one (test_accuracy_level, the first
+    module, waited 155 s for the tiny-model job on 2026-12-04)."""
+    def need(item) -> int:
+        names = getattr(item, "fixturenames", ())
+        return 2 if "real_exports" in names else 1 if "quark_exports" in names else 0
+
+    by_module: dict[object, int] = {}
+    for item in items:
+        key = getattr(item, "module", None)
+        by_module[key] = max(by_module.get(key, 0), need(item))
+    items.sort(key=lambda item: by_module[getattr(item, "module", None)])  # stable: keeps the order within a group
 
 
 def fixture_cache_dir() -> Path:
@@ -108,7 +126,51 @@ def pytest_collection_finish(session):
     session.config.stash[_DECLARED_REFS] = declared_exports(modules, "QUARK_IMPORTER_REFERENCES")
     _start_real_exports(session, [item for item in session.items if "real_exports" in getattr(item, "fixturenames", ())
                                   and not _skipped_by_mark(item)])
+    _start_tiny_exports(session)
     _start_script_runs(session)
+
+
+# The tiny-model exports declared by the selected modules: from an empty cache, one amd-quark subprocess started in the
+# background when collection ends (the modules that need no export run first: _order_by_what_modules_wait_for);
+# quark_exports waits for it on its first call, then finds the exports made. If it failed, quark_exports makes them
+# again itself and reports the error. QO_EXPORTS_BACKGROUND=0: no background start.
+_TINY_JOB = pytest.StashKey[object]()
+
+
+def _start_tiny_exports(session) -> None:
+    config = session.config
+    if (config.option.collectonly or os.environ.get("QO_EXPORTS_BACKGROUND", "1") == "0"
+            or importlib.util.find_spec("quark") is None
+            or not any("quark_exports" in getattr(item, "fixturenames", ()) for item in session.items)):
+        return
+    declared, refs = config.stash[_DECLARED], config.stash[_DECLARED_REFS]
+    log = tempfile.NamedTemporaryFile("w+", prefix="qo-tiny-exports-job-", suffix=".log", delete=False)
+    proc = start_exports(fixture_cache_dir(), list(dict.fromkeys(declared + refs)), log, importer_refs=refs)
+    if proc is None:
+        log.close()
+        Path(log.name).unlink(missing_ok=True)
+        return
+    config.stash[_TINY_JOB] = (proc, log)
+
+
+def _wait_for_background(config, key, what: str) -> None:
+    """Wait for the background job under `key` (if any); warn with its log's tail if it failed."""
+    job = config.stash.get(key, None)
+    if job is None:
+        return
+    proc, log = job
+    try:
+        rc = proc.wait(timeout=1800)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait()
+    if rc != 0:
+        log.seek(0)
+        warnings.warn(f"the background {what} job failed (rc={rc}); the fixture retries:\n{log.read()[-2000:]}",
+                      stacklevel=2)
+    log.close()
+    Path(log.name).unlink(missing_ok=True)
+    del config.stash[key]
 
 
 def _skipped_by_mark(item) -> bool:
@@ -210,22 +272,8 @@ def _start_real_exports(session, users) -> None:
 
 
 def pytest_runtest_setup(item):
-    job = item.config.stash.get(_REAL_JOB, None)
-    if job is None or getattr(getattr(item, "module", None), "__name__", None) != "test_real_model":
-        return
-    proc, log = job
-    try:
-        rc = proc.wait(timeout=1800)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rc = proc.wait()
-    if rc != 0:
-        log.seek(0)
-        warnings.warn(f"the background real-model export job failed (rc={rc}); the fixture retries:\n"
-                      f"{log.read()[-2000:]}", stacklevel=1)
-    log.close()
-    Path(log.name).unlink(missing_ok=True)
-    del item.config.stash[_REAL_JOB]
+    if getattr(getattr(item, "module", None), "__name__", None) == "test_real_model":
+        _wait_for_background(item.config, _REAL_JOB, "real-model export")
 
 
 def pytest_unconfigure(config):
@@ -234,13 +282,14 @@ def pytest_unconfigure(config):
         runs.close()
         import shutil
         shutil.rmtree(runs.root, ignore_errors=True)
-    job = config.stash.get(_REAL_JOB, None)
-    if job is not None:  # the session ended (or was interrupted) before test_real_model ran
-        proc, log = job
-        proc.kill()
-        proc.wait()
-        log.close()
-        Path(log.name).unlink(missing_ok=True)
+    for key in (_REAL_JOB, _TINY_JOB):
+        job = config.stash.get(key, None)
+        if job is not None:  # the session ended (or was interrupted) before a test waited for it
+            proc, log = job
+            proc.kill()
+            proc.wait()
+            log.close()
+            Path(log.name).unlink(missing_ok=True)
 
 
 class QuarkExports:
@@ -251,8 +300,10 @@ class QuarkExports:
     The first call also makes every missing export in `declared`, in the same (single) Quark subprocess.
     """
 
-    def __init__(self, root: Path, declared: list[ExportItem], importer_refs: list[ExportItem] = ()):
+    def __init__(self, root: Path, declared: list[ExportItem], importer_refs: list[ExportItem] = (),
+                 wait_for_background=lambda: None):
         self.root = root
+        self._wait_for_background = wait_for_background
         self.declared = list(declared)
         self._pending = list(dict.fromkeys(list(declared) + list(importer_refs)))
         self._refs = list(importer_refs)
@@ -264,6 +315,7 @@ class QuarkExports:
         if late:
             warnings.warn(f"Quark exports {late} are not in any collected module's QUARK_EXPORTS: they are made "
                           "in a Quark subprocess of their own", stacklevel=2)
+        self._wait_for_background()  # the background job's exports (_start_tiny_exports), before looking for them
         batch, self._pending = list(dict.fromkeys(self._pending + wanted)), []
         refs, self._refs = self._refs, []
         paths = dict(zip(batch, ensure_exports(self.root, batch, importer_refs=refs)))
@@ -278,4 +330,5 @@ def quark_exports(request) -> QuarkExports:
     if importlib.util.find_spec("quark") is None:
         pytest.skip("amd-quark is not installed (pip install -e .[test])")
     return QuarkExports(fixture_cache_dir(), request.config.stash.get(_DECLARED, []),
-                        request.config.stash.get(_DECLARED_REFS, []))
+                        request.config.stash.get(_DECLARED_REFS, []),
+                        lambda: _wait_for_background(request.config, _TINY_JOB, "tiny-model export"))
