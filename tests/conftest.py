@@ -180,7 +180,7 @@ def _skipped_by_mark(item) -> bool:
 
 
 # scripts/quantize_quark.py runs that several heavy tests share (tests/quantize_script_kit.py SCRIPT_RUNS): started in
-# the background, two at a time, when collection ends; the fixtures below wait for the one a test asks for.
+# the background, one at a time, when collection ends; the fixtures below wait for the one a test asks for.
 _SCRIPT_RUNS = pytest.StashKey[object]()
 
 

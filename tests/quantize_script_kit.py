@@ -2,9 +2,9 @@
 several heavy tests share.
 
 Each run of the script costs ~20-30 s of amd-quark import before a few seconds of quantization, and pytest waits on
-one core meanwhile. The shared runs (SCRIPT_RUNS: the same command line a test used to run itself) start together,
-two at a time, in background threads as soon as collection ends (conftest.py pytest_collection_finish), for the
-selected tests that request them (fixture `quark_script_run`); a test then waits for its own run only.
+one core meanwhile. The shared runs (SCRIPT_RUNS: the same command line a test used to run itself) start one
+after another in a background thread as soon as collection ends (conftest.py pytest_collection_finish), for the
+selected tests that request them (fixtures uint4_g64_script_run, fp8_script_run, uint4_g32_cpu_script_run in conftest.py); a test then waits for its own run only.
 """
 from __future__ import annotations
 
@@ -81,7 +81,9 @@ SCRIPT_RUNS = {
                                            "--onnx_out", str(d / "onnx"), "-e", "cpu",
                                            "--verify_json", str(d / "verify.json")],
 }
-PARALLEL = 2  # this project's machines have 2 cores; every run is one mostly single-threaded process
+# One run at a time, beside pytest's own process: 2 cores. With 2 at once the heavy suite's nvcc tests ran 2-3x
+# slower next to them (measured 2026-12-04 on a shared machine: heavy suite 183 s wall, its nvcc tests 71 s + 53 s).
+PARALLEL = 1
 
 
 class ScriptRuns:
