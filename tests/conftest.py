@@ -28,7 +28,7 @@ REPO_ROOT = TESTS_DIR.parent
 sys.path.insert(0, str(TESTS_DIR))
 
 from quark_factory import (RECIPES, SHAPES, QuantRecipe, TinyModelSpec, ensure_exports,  # noqa: E402
-                           export_dir_for, is_complete)
+                           export_dir_for, is_complete, start_exports)
 
 ExportItem = tuple[TinyModelSpec, QuantRecipe]
 _DECLARED = pytest.StashKey[list]()
@@ -70,6 +70,7 @@ HEAVY = (
     "tests/test_verify.py::test_quark_export_reference_is_emulated_by_quark",
     "tests/test_custom_ops_gpu_build.py::test_cuda_kernels_compile_for_sm80_and_sm90",
     "tests/test_custom_ops_gpu_build.py::test_cuda_ort_library_builds_and_its_cpu_kernels_run_in_cpu_ort",
+    "tests/test_real_model_float.py",  # transformers' slow GGUF loader, the reference of real_model's direct reader
 )
 
 
@@ -80,6 +81,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.quick)
         if item.nodeid.startswith(HEAVY):
             item.add_marker(pytest.mark.heavy)
+    _order_by_what_modules_wait_for(items)
+
+
+def _order_by_what_modules_wait_for(items) -> None:
+    """Whole modules, in their own order within each group: first those that need no Quark export, then those that
+    need the tiny-model exports, then those that need the real model's. From an empty cache both export jobs start
+    in the background when collection ends (pytest_collection_finish) and make their exports while the modules
+    before them run, instead of pytest waiting on the first module that needs one (test_accuracy_level, the first
+    module, waited 155 s for the tiny-model job on 2026-12-04)."""
+    def need(item) -> int:
+        names = getattr(item, "fixturenames", ())
+        return 2 if "real_exports" in names else 1 if "quark_exports" in names else 0
+
+    by_module: dict[object, int] = {}
+    for item in items:
+        key = getattr(item, "module", None)
+        by_module[key] = max(by_module.get(key, 0), need(item))
+    items.sort(key=lambda item: by_module[getattr(item, "module", None)])  # stable: keeps the order within a group
 
 
 def fixture_cache_dir() -> Path:
@@ -105,7 +124,116 @@ def pytest_collection_finish(session):
     modules = dict.fromkeys(item.module for item in session.items if getattr(item, "module", None) is not None)
     session.config.stash[_DECLARED] = declared_exports(modules)
     session.config.stash[_DECLARED_REFS] = declared_exports(modules, "QUARK_IMPORTER_REFERENCES")
-    _start_real_exports(session, modules)
+    _start_real_exports(session, [item for item in session.items if "real_exports" in getattr(item, "fixturenames", ())
+                                  and not _skipped_by_mark(item)])
+    _start_tiny_exports(session)
+    _start_script_runs(session)
+
+
+# The tiny-model exports declared by the selected modules: from an empty cache, one amd-quark subprocess started in the
+# background when collection ends (the modules that need no export run first: _order_by_what_modules_wait_for);
+# quark_exports waits for it on its first call, then finds the exports made. If it failed, quark_exports makes them
+# again itself and reports the error. QO_EXPORTS_BACKGROUND=0: no background start.
+_TINY_JOB = pytest.StashKey[object]()
+
+
+def _start_tiny_exports(session) -> None:
+    config = session.config
+    if (config.option.collectonly or os.environ.get("QO_EXPORTS_BACKGROUND", "1") == "0"
+            or importlib.util.find_spec("quark") is None
+            or not any("quark_exports" in getattr(item, "fixturenames", ()) for item in session.items)):
+        return
+    declared, refs = config.stash[_DECLARED], config.stash[_DECLARED_REFS]
+    log = tempfile.NamedTemporaryFile("w+", prefix="qo-tiny-exports-job-", suffix=".log", delete=False)
+    proc = start_exports(fixture_cache_dir(), list(dict.fromkeys(declared + refs)), log, importer_refs=refs)
+    if proc is None:
+        log.close()
+        Path(log.name).unlink(missing_ok=True)
+        return
+    config.stash[_TINY_JOB] = (proc, log)
+
+
+def _wait_for_background(config, key, what: str) -> None:
+    """Wait for the background job under `key` (if any); warn with its log's tail if it failed."""
+    job = config.stash.get(key, None)
+    if job is None:
+        return
+    proc, log = job
+    try:
+        rc = proc.wait(timeout=1800)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait()
+    if rc != 0:
+        log.seek(0)
+        warnings.warn(f"the background {what} job failed (rc={rc}); the fixture retries:\n{log.read()[-2000:]}",
+                      stacklevel=2)
+    log.close()
+    Path(log.name).unlink(missing_ok=True)
+    del config.stash[key]
+
+
+def _skipped_by_mark(item) -> bool:
+    """A skip mark, or a skipif mark whose condition is already True (a bool, not a string to evaluate)."""
+    return any(True for _ in item.iter_markers("skip")) or any(
+        m.args and m.args[0] is True for m in item.iter_markers("skipif"))
+
+
+# scripts/quantize_quark.py runs that several heavy tests share (tests/quantize_script_kit.py SCRIPT_RUNS): started in
+# the background, one at a time, when collection ends; the fixtures below wait for the one a test asks for.
+_SCRIPT_RUNS = pytest.StashKey[object]()
+
+
+def _script_runs(config):
+    import quantize_script_kit
+    runs = config.stash.get(_SCRIPT_RUNS, None)
+    if runs is None:
+        runs = config.stash[_SCRIPT_RUNS] = quantize_script_kit.ScriptRuns(
+            Path(tempfile.mkdtemp(prefix="qo-quark-script-")))
+    return runs
+
+
+def _start_script_runs(session) -> None:
+    import quantize_script_kit
+    names = quantize_script_kit.wanted_runs(session.items)
+    if names and not session.config.option.collectonly and quantize_script_kit.can_quantize():
+        _script_runs(session.config).start(names)
+
+
+def _script_run(request, fixture_name: str):
+    import quantize_script_kit
+    if not quantize_script_kit.can_quantize():
+        pytest.skip("needs the 'test' extra: torch==2.13.0, amd-quark==0.13, transformers")
+    return _script_runs(request.config).get(quantize_script_kit.RUN_FIXTURES[fixture_name])
+
+
+@pytest.fixture(scope="session")
+def uint4_g64_script_run(request):
+    """(run folder, CompletedProcess) of quantize_quark.py: uint4 g64, lm_head g32 (folder/quark: the export)."""
+    return _script_run(request, "uint4_g64_script_run")
+
+
+@pytest.fixture(scope="session")
+def fp8_script_run(request):
+    """(run folder, CompletedProcess) of quantize_quark.py: w_fp8_a_fp8 calibrated on a local jsonl."""
+    return _script_run(request, "fp8_script_run")
+
+
+@pytest.fixture(scope="session")
+def uint4_g32_cpu_script_run(request):
+    """(run folder, CompletedProcess) of quantize_quark.py: uint4 g32, lm_head too, -> ONNX (folder/onnx) -> verify
+    (folder/verify.json)."""
+    return _script_run(request, "uint4_g32_cpu_script_run")
+
+
+@pytest.fixture(scope="session")
+def script_float_model(request):
+    """The bf16 tiny float model the shared quantize_quark.py runs start from."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+        pytest.skip("needs torch + transformers to write the tiny float model")
+    runs = _script_runs(request.config)
+    runs.start([])
+    return runs.float_model
 
 
 # The real model's exports (tests/real_model.py: a 135M model quantized 8 ways, minutes of CPU) are made in ONE
@@ -116,9 +244,10 @@ def pytest_collection_finish(session):
 _REAL_JOB = pytest.StashKey[object]()
 
 
-def _start_real_exports(session, modules) -> None:
-    real = next((m for m in modules if m.__name__ == "test_real_model"), None)
-    if real is None or session.config.option.collectonly or os.environ.get("QO_REAL_BACKGROUND", "1") == "0":
+def _start_real_exports(session, users) -> None:
+    """users: the selected tests that need the real exports and are not skipped by a mark (the heavy 1,024-token
+    tests are, without QO_REAL_LONG=1: `pytest -m heavy` from an empty cache made the 8 exports for nothing)."""
+    if not users or session.config.option.collectonly or os.environ.get("QO_REAL_BACKGROUND", "1") == "0":
         return
     import real_model
     if importlib.util.find_spec("quark") is None or real_model.gguf_path() is None:
@@ -130,7 +259,10 @@ def _start_real_exports(session, modules) -> None:
         return
     # the same job ensure_real_exports(root, REAL_SCHEMES) would run, but started without waiting for it
     env = real_model._quiet_env()
-    env["OMP_NUM_THREADS"] = env.get("QO_REAL_THREADS", "2")  # as ensure_real_exports
+    # One intra-op thread: the suite keeps the other core busy, and two OpenMP threads on one free core spin at every
+    # barrier. Measured (int8_w8a8 + mxfp4 with one core kept busy, 2026-12-04): 2 threads 115 s wall / 101 s CPU,
+    # 1 thread 63 s / 42 s. ensure_real_exports (pytest waiting, nothing else running) keeps 2. QO_REAL_THREADS sets it.
+    env["OMP_NUM_THREADS"] = env.get("QO_REAL_THREADS", "1")
     log = tempfile.NamedTemporaryFile("w+", prefix="qo-real-model-job-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, real_model.__file__, "job", "-"], stdin=subprocess.PIPE, stdout=log,
                             stderr=subprocess.STDOUT, text=True, env=env)
@@ -140,32 +272,24 @@ def _start_real_exports(session, modules) -> None:
 
 
 def pytest_runtest_setup(item):
-    job = item.config.stash.get(_REAL_JOB, None)
-    if job is None or getattr(getattr(item, "module", None), "__name__", None) != "test_real_model":
-        return
-    proc, log = job
-    try:
-        rc = proc.wait(timeout=1800)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rc = proc.wait()
-    if rc != 0:
-        log.seek(0)
-        warnings.warn(f"the background real-model export job failed (rc={rc}); the fixture retries:\n"
-                      f"{log.read()[-2000:]}", stacklevel=1)
-    log.close()
-    Path(log.name).unlink(missing_ok=True)
-    del item.config.stash[_REAL_JOB]
+    if getattr(getattr(item, "module", None), "__name__", None) == "test_real_model":
+        _wait_for_background(item.config, _REAL_JOB, "real-model export")
 
 
 def pytest_unconfigure(config):
-    job = config.stash.get(_REAL_JOB, None)
-    if job is not None:  # the session ended (or was interrupted) before test_real_model ran
-        proc, log = job
-        proc.kill()
-        proc.wait()
-        log.close()
-        Path(log.name).unlink(missing_ok=True)
+    runs = config.stash.get(_SCRIPT_RUNS, None)
+    if runs is not None:
+        runs.close()
+        import shutil
+        shutil.rmtree(runs.root, ignore_errors=True)
+    for key in (_REAL_JOB, _TINY_JOB):
+        job = config.stash.get(key, None)
+        if job is not None:  # the session ended (or was interrupted) before a test waited for it
+            proc, log = job
+            proc.kill()
+            proc.wait()
+            log.close()
+            Path(log.name).unlink(missing_ok=True)
 
 
 class QuarkExports:
@@ -176,8 +300,10 @@ class QuarkExports:
     The first call also makes every missing export in `declared`, in the same (single) Quark subprocess.
     """
 
-    def __init__(self, root: Path, declared: list[ExportItem], importer_refs: list[ExportItem] = ()):
+    def __init__(self, root: Path, declared: list[ExportItem], importer_refs: list[ExportItem] = (),
+                 wait_for_background=lambda: None):
         self.root = root
+        self._wait_for_background = wait_for_background
         self.declared = list(declared)
         self._pending = list(dict.fromkeys(list(declared) + list(importer_refs)))
         self._refs = list(importer_refs)
@@ -189,6 +315,7 @@ class QuarkExports:
         if late:
             warnings.warn(f"Quark exports {late} are not in any collected module's QUARK_EXPORTS: they are made "
                           "in a Quark subprocess of their own", stacklevel=2)
+        self._wait_for_background()  # the background job's exports (_start_tiny_exports), before looking for them
         batch, self._pending = list(dict.fromkeys(self._pending + wanted)), []
         refs, self._refs = self._refs, []
         paths = dict(zip(batch, ensure_exports(self.root, batch, importer_refs=refs)))
@@ -203,4 +330,5 @@ def quark_exports(request) -> QuarkExports:
     if importlib.util.find_spec("quark") is None:
         pytest.skip("amd-quark is not installed (pip install -e .[test])")
     return QuarkExports(fixture_cache_dir(), request.config.stash.get(_DECLARED, []),
-                        request.config.stash.get(_DECLARED_REFS, []))
+                        request.config.stash.get(_DECLARED_REFS, []),
+                        lambda: _wait_for_background(request.config, _TINY_JOB, "tiny-model export"))

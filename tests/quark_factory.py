@@ -395,6 +395,33 @@ def make_many(root: str | Path, items: Iterable[tuple[TinyModelSpec, QuantRecipe
     return paths
 
 
+def _export_job(root, items, prompt_len, new_tokens, importer_refs) -> dict | None:
+    """The subprocess job that makes what of `items` (and their importer references) is missing; None: nothing."""
+    paths = [export_dir_for(root, s, r, prompt_len, new_tokens) for s, r in items]
+    missing = [(s, r) for (s, r), p in zip(items, paths) if not is_complete(p)]
+    from quark_importer_reference import CACHE_NAME
+    wanted_refs = set(importer_refs)
+    refs = [str(p) for item, p in zip(items, paths) if item in wanted_refs and not (p / CACHE_NAME).is_file()]
+    if not (missing or refs):
+        return None
+    return dict(root=str(root), prompt_len=prompt_len, new_tokens=new_tokens, importer_refs=refs,
+                items=[dict(spec=dataclasses.asdict(s), recipe=dataclasses.asdict(r)) for s, r in missing])
+
+
+def start_exports(root: str | Path, items: list[tuple[TinyModelSpec, QuantRecipe]], log, prompt_len=8,
+                  new_tokens=16, importer_refs=()) -> subprocess.Popen | None:
+    """ensure_exports' subprocess, started without waiting for it (output to the open file `log`); None when
+    everything is cached. Its make_many holds the cache lock, so an ensure_exports meanwhile waits for it."""
+    job = _export_job(root, items, prompt_len, new_tokens, importer_refs)
+    if job is None:
+        return None
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "job", "-"], stdin=subprocess.PIPE,
+                            stdout=log, stderr=subprocess.STDOUT, text=True, env=_quiet_env())
+    proc.stdin.write(json.dumps(job))
+    proc.stdin.close()
+    return proc
+
+
 def ensure_exports(root: str | Path, items: list[tuple[TinyModelSpec, QuantRecipe]], prompt_len=8,
                    new_tokens=16, timeout_s: float = 900, importer_refs=()) -> list[Path]:
     """Like make_many, but makes missing exports in a subprocess (Quark is never imported by the caller).
@@ -403,13 +430,8 @@ def ensure_exports(root: str | Path, items: list[tuple[TinyModelSpec, QuantRecip
     made in the same subprocess: one amd-quark import (~30 CPU s, most of it Quark scanning transformers' modeling
     files at import) instead of one more."""
     paths = [export_dir_for(root, s, r, prompt_len, new_tokens) for s, r in items]
-    missing = [(s, r) for (s, r), p in zip(items, paths) if not is_complete(p)]
-    from quark_importer_reference import CACHE_NAME
-    wanted_refs = set(importer_refs)
-    refs = [str(p) for item, p in zip(items, paths) if item in wanted_refs and not (p / CACHE_NAME).is_file()]
-    if missing or refs:
-        job = dict(root=str(root), prompt_len=prompt_len, new_tokens=new_tokens, importer_refs=refs,
-                   items=[dict(spec=dataclasses.asdict(s), recipe=dataclasses.asdict(r)) for s, r in missing])
+    job = _export_job(root, items, prompt_len, new_tokens, importer_refs)
+    if job is not None:
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "job", "-"], input=json.dumps(job),
                               text=True, capture_output=True, timeout=timeout_s, env=_quiet_env())
         if proc.returncode != 0:

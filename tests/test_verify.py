@@ -17,7 +17,7 @@ import pytest
 
 from builder import verify
 
-from test_quantize_script import has_module, make_tiny_float_model, run_script
+from quantize_script_kit import has_module, make_tiny_float_model
 
 pytestmark = pytest.mark.skipif(
     not (has_module("torch") and has_module("transformers") and has_module("onnxruntime_genai")),
@@ -109,15 +109,16 @@ def test_cli_errors_are_one_line_exit_2(fp32_onnx, tmp_path):
 
 
 @pytest.mark.skipif(not has_module("quark"), reason="needs amd-quark 0.13 to make and emulate a Quark export")
-def test_quark_export_reference_is_emulated_by_quark(float_model, tmp_path):
+def test_quark_export_reference_is_emulated_by_quark(uint4_g32_cpu_script_run, script_float_model, tmp_path):
     """uint4 g32 Quark export -> onnxruntime-genai's int4 builder -> verify against Quark's emulation + float.
 
     lm_head is quantized too (--exclude_layers with no value): onnxruntime-genai 0.18 would re-quantize a
     float lm_head to int4 on its own, which is a real difference verify would (rightly) report.
+    The export is tests/test_quantize_script.py test_end_to_end_uint4_cpu's (tests/quantize_script_kit.py
+    SCRIPT_RUNS: the bf16 tiny model, --group_size 32 --exclude_layers --num_calib_data 2 --seq_len 64), made once.
     """
-    export = tmp_path / "quark_uint4"
-    completed = run_script("--model_dir", str(float_model), "--output_dir", str(export), "--quant_scheme",
-                           "uint4_wo_32", "--exclude_layers", "--num_calib_data", "2", "--seq_len", "64")
+    folder, completed = uint4_g32_cpu_script_run
+    float_model, export = script_float_model, folder / "quark"
     assert completed.returncode == 0, completed.stderr[-3000:]
     onnx_dir = genai_build(export, tmp_path / "onnx_int4", "int4")
     result = verify.run_verify(str(onnx_dir), str(export), new_tokens=8, max_tokens=64)
