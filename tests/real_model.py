@@ -240,7 +240,6 @@ def _token_windows(tokenizer):
 def _greedy(model, ids, new_tokens: int, nudge_seed: int | None = None) -> list[int]:
     """new_tokens argmax tokens with the model's own KV cache (eos does not stop it); nudge_seed: with the noise
     floor's one-ulp nudge on every quantized linear."""
-    import torch
 
     produced = []
     hooks = _noise_hooks(model, nudge_seed) if nudge_seed is not None else []
