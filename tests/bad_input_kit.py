@@ -50,13 +50,21 @@ def run_cli(args, cwd: Path | None = None, timeout: float = 60.0, spawn: bool | 
 
 
 def _run_forked(args: list[str], cwd: Path | None, timeout: float) -> Result:
+    import gc
     import tempfile
 
     import builder.__main__  # noqa: F401  (imported before the fork: the child starts warm)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         sys.stdout.flush()
         sys.stderr.flush()
+        # The child must not run the destructors of the parent's garbage: an onnxruntime session freed there waits
+        # in pthread_cond_destroy on its thread pool's threads, which do not exist after fork (py-spy of a hung child,
+        # 2026-12-04). So collect here, and freeze what is left for the child's cyclic GC; the parent unfreezes.
+        gc.collect()
+        gc.freeze()
         pid = os.fork()
+        if pid != 0:
+            gc.unfreeze()
         if pid == 0:  # child: behave like `python -m builder ARGS`
             rc = 99
             try:
