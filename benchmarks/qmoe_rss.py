@@ -95,8 +95,7 @@ def _cast_scales(a: np.ndarray, dtype: str) -> np.ndarray:
 def _tensor(a: np.ndarray, name: str, dtype: str | None):
     from onnx import TensorProto, helper, numpy_helper
     if dtype == "bfloat16":
-        t = helper.make_tensor(name, TensorProto.BFLOAT16, a.shape, a.tobytes(), raw=True)
-        return t
+        return helper.make_tensor(name, TensorProto.BFLOAT16, a.shape, a.tobytes(), raw=True)
     return numpy_helper.from_array(a, name)
 
 
@@ -105,20 +104,18 @@ def child(path: str, nbytes: int, noprepack: bool, scales_input: bool, h: int, e
     before = status()
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
+    if noprepack:
+        so.add_session_config_entry("session.disable_prepacking", "1")
     if h == 0:  # --model: a converted output (model.onnx), created only
         cfg = json.loads((Path(path).parent / "genai_config.json").read_text())
         lib = cfg["model"]["decoder"]["session_options"].get("custom_ops_library")
         if lib:
             so.register_custom_ops_library(str(Path(path).parent / lib) if not os.path.isabs(lib) else lib)
-        if noprepack:
-            so.add_session_config_entry("session.disable_prepacking", "1")
         sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         created = status()
         del sess
         print(json.dumps({"before": before, "created": created, "ran": created, "init_mib": nbytes / 2**20}))
         return
-    if noprepack:
-        so.add_session_config_entry("session.disable_prepacking", "1")
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     created = status()
     feeds = {"x": np.random.default_rng(1).standard_normal((1, h), dtype=np.float32),

@@ -21,10 +21,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from custom_ops import functions, ort_library
+from custom_ops import functions, ort_library, single_op
+from custom_ops.single_op import single_op_model
 
 BS, TOP = 32, 8
 
@@ -70,19 +70,13 @@ def dense(kind, b, s, z, acc=4):
                  numpy_helper.from_array(s.reshape(-1), "scales"),
                  numpy_helper.from_array(z.reshape(-1), "zero_points")]
         return _model([node], [("A", TensorProto.FLOAT)], inits, [("", 21), ("com.microsoft", 1)])
-    names = list(functions.OP_INPUTS["MatMulUint4"])
-    node = functions.make_node("MatMulUint4", names, ["Y"], name="dense", K=k, N=n, block_size=BS)
-    inits = [numpy_helper.from_array(b.reshape(n, k // BS, BS // 2), "B"),
-             numpy_helper.from_array(s.reshape(-1), "scales"), numpy_helper.from_array(z, "zero_points")]
-    return _model([node], [("A", TensorProto.FLOAT)], inits, [("", 21), (functions.DOMAIN, functions.DOMAIN_VERSION)])
+    return single_op_model("MatMulUint4", np.float32, k, {"B": b.reshape(n, k // BS, BS // 2),
+                                                          "scales": s.reshape(-1), "zero_points": z},
+                           attributes=dict(K=k, N=n, block_size=BS), attach_function=False)
 
 
 def session(model, lib):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    if lib:
-        so.register_custom_ops_library(lib)
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return single_op.session(model, lib, threads=1)
 
 
 def main() -> int:

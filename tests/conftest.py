@@ -168,6 +168,12 @@ def _wait_for_background(config, key, what: str) -> None:
         log.seek(0)
         warnings.warn(f"the background {what} job failed (rc={rc}); the fixture retries:\n{log.read()[-2000:]}",
                       stacklevel=2)
+    _drop_job(config, key)
+
+
+def _drop_job(config, key) -> None:
+    """Forget the job under `key`: its log file closed and deleted (the process has ended or been killed)."""
+    _, log = config.stash[key]
     log.close()
     Path(log.name).unlink(missing_ok=True)
     del config.stash[key]
@@ -285,11 +291,9 @@ def pytest_unconfigure(config):
     for key in (_REAL_JOB, _TINY_JOB):
         job = config.stash.get(key, None)
         if job is not None:  # the session ended (or was interrupted) before a test waited for it
-            proc, log = job
-            proc.kill()
-            proc.wait()
-            log.close()
-            Path(log.name).unlink(missing_ok=True)
+            job[0].kill()
+            job[0].wait()
+            _drop_job(config, key)
 
 
 class QuarkExports:

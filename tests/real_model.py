@@ -218,7 +218,7 @@ def make_float_model(root: Path) -> Path:
 
 def transformers_float_state() -> tuple[dict, object]:
     """(state dict, config) of the fp32 model as transformers' own GGUF loader builds it (the old, slow path of
-    make_float_model; the heavy test holds gguf_float_state to it)."""
+    make_float_model; the heavy tests/test_real_model_float.py holds gguf_float_model to it)."""
     import torch
     import transformers
 
@@ -240,7 +240,6 @@ def _token_windows(tokenizer):
 def _greedy(model, ids, new_tokens: int, nudge_seed: int | None = None) -> list[int]:
     """new_tokens argmax tokens with the model's own KV cache (eos does not stop it); nudge_seed: with the noise
     floor's one-ulp nudge on every quantized linear."""
-
     produced = []
     hooks = _noise_hooks(model, nudge_seed) if nudge_seed is not None else []
     try:

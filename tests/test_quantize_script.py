@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from quantize_script_kit import (REPO_ROOT, SCRIPT, TINY_LLAMA, has_module,  # noqa: F401 (test_verify's imports)
+# REPO_ROOT, SCRIPT, TINY_LLAMA, make_tiny_float_model: imported from here by tests/test_verify.py
+from quantize_script_kit import (REPO_ROOT, SCRIPT, TINY_LLAMA, can_quantize, has_module,  # noqa: F401
                                  make_tiny_float_model, run_script)
 
-needs_quark = pytest.mark.skipif(not (has_module("quark") and has_module("torch") and has_module("transformers")),
+needs_quark = pytest.mark.skipif(not can_quantize(),
                                  reason="needs the 'test' extra: torch==2.13.0, amd-quark==0.13, transformers")
 CONVERTER_MISSING = not has_module("builder.convert")
 

@@ -60,6 +60,14 @@
 #ifndef QO_GEMV_PF
 #define QO_GEMV_PF 512        /* GEMV: software prefetch this many bytes ahead in each weight row (0: none) */
 #endif
+
+/* Prefetch offset from a weight row's start: QO_GEMV_PF bytes past `offset`, or, once that is past the row's end,
+ * the same place in row r of the next tile (a tile's `rows` rows of `row_bytes` each are contiguous, so row r + 1
+ * is being read already and the next tile would start cold). */
+static inline int64_t qo_pf_ahead(int64_t offset, int64_t row_bytes, int rows) {
+  const int64_t ahead = offset + QO_GEMV_PF;
+  return ahead >= row_bytes ? ahead + (rows - 1) * row_bytes : ahead;
+}
 #ifndef QO_PANEL_ROWS
 #define QO_PANEL_ROWS 48      /* weight rows per task (M > 4): decoded once to float32 */
 #endif
@@ -657,9 +665,8 @@ QO_INLINE void avx_mxi_tile(const int mr, const int nr, const qo_mxi_chunk* cons
   const int64_t C = (nb + 3) / 4;
   for (int64_t c = 0; c < C; ++c) {
     const int64_t left = nb - 4 * c;
-    if (QO_GEMV_PF) { /* past a row's end: row r of the next tile (rows are contiguous) */
-      int64_t ahead = 64 * c + QO_GEMV_PF;
-      if (ahead >= 16 * nb) ahead += (nr - 1) * 16 * nb;
+    if (QO_GEMV_PF) {
+      const int64_t ahead = qo_pf_ahead(64 * c, 16 * nb, nr);
       for (int r = 0; r < nr; ++r) _mm_prefetch((const char*)rows[r] + ahead, _MM_HINT_T0);
     }
 #pragma GCC unroll 4
@@ -899,10 +906,7 @@ QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* 
     for (int i = 0; i < mr; ++i)
       for (int s = 0; s < 4; ++s) x[i][s] = _mm512_broadcast_f32x8(_mm256_loadu_ps(A + i * K + k + 8 * s));
     if (QO_GEMV_PF && (qo_row_offset(fmt, k) & 63) == 0) { /* one prefetch per 64 bytes of each row */
-      /* past the row's end: the same place in row r of the next tile (the tile's rows are contiguous, so row r's
-       * continuation is row r + 1, which its own stream reads already) */
-      int64_t ahead = qo_row_offset(fmt, k) + QO_GEMV_PF;
-      if (ahead >= w->row_bytes) ahead += (2 * np - 1) * w->row_bytes;
+      const int64_t ahead = qo_pf_ahead(qo_row_offset(fmt, k), w->row_bytes, 2 * np);
       for (int r = 0; r < 2 * np; ++r) _mm_prefetch((const char*)rows[r] + ahead, _MM_HINT_T0);
     }
     for (int p = 0; p < np; ++p) {
@@ -1151,9 +1155,8 @@ QO_INLINE void qoz_mxi_tile(const int mr, const int nr, const int vnni, const qo
     for (int r = 0; r < nr; ++r) acc[i][r] = _mm512_setzero_ps();
   const int64_t full = nb / 4;
   for (int64_t c = 0; c < full; ++c) {
-    if (QO_GEMV_PF) { /* past a row's end: row r of the next tile (rows are contiguous), as qoz_gemv_tile */
-      int64_t ahead = 64 * c + QO_GEMV_PF;
-      if (ahead >= 16 * nb) ahead += (nr - 1) * 16 * nb;
+    if (QO_GEMV_PF) {
+      const int64_t ahead = qo_pf_ahead(64 * c, 16 * nb, nr);
 #pragma GCC unroll 8
       for (int r = 0; r < nr; ++r) _mm_prefetch((const char*)rows[r] + ahead, _MM_HINT_T0);
     }
