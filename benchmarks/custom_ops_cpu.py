@@ -147,12 +147,15 @@ def make_weight(fmt: str, rng, n: int, k: int):
         b = (w / s[:, None]).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
         op = "MatMulFp8" if fmt == "fp8" else "MatMulFp8W8A8Dyn"
         return op, [_f8("B", b), numpy_helper.from_array(s, "B_scale")], {}, b.nbytes + s.nbytes, _e4m3(b) * s[:, None]
-    if fmt == "int8":  # per-channel symmetric int8 of a Gaussian weight
+    if fmt in ("int8", "int8_w8a8"):  # per-channel symmetric int8 of a Gaussian weight
         w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
         s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
         b = np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8)
-        return "MatMulInt8", [numpy_helper.from_array(b, "B"), numpy_helper.from_array(s, "B_scale")], {}, \
-            b.nbytes + s.nbytes, b.astype(np.float32) * s[:, None]
+        inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(s, "B_scale")]
+        if fmt == "int8_w8a8":  # + a static activation scale: 127 steps over +-2.5 (the A here is N(0, 1))
+            inits.append(numpy_helper.from_array(np.array(2.5 / 127, np.float32), "A_scale"))
+        return "MatMulInt8" if fmt == "int8" else "MatMulInt8W8A8", inits, {}, b.nbytes + s.nbytes, \
+            b.astype(np.float32) * s[:, None]
     if fmt == "bf16":
         w = (rng.standard_normal((n, k)) * 0.02).astype(ml_dtypes.bfloat16)
         return "MatMulBf16", [helper.make_tensor("B", TensorProto.BFLOAT16, w.shape, w.view(np.uint16).tobytes(),
@@ -254,7 +257,7 @@ def run_memory(library: str, formats: list[str], k: int, n: int) -> list[dict]:
     return rows
 
 
-FORMATS = ("mxfp4", "nvfp4", "fp8", "int8", "bf16", "fp8_w8a8_dyn")
+FORMATS = ("mxfp4", "nvfp4", "fp8", "int8", "int8_w8a8", "bf16", "fp8_w8a8_dyn")
 
 
 def main(argv=None) -> int:

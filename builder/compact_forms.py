@@ -3,7 +3,10 @@ is found or built by the converter itself and shipped in the output folder.
 
 On the cpu EP, unless the user chose otherwise with --extra_options:
   FP8 (per-tensor / per-channel)  fp8_linear=compact   com.quark_onnx MatMulFp8(x, W e4m3fn [N, K], s_w)
-  INT8 W8A8 (int8, symmetric)     int8_linear=compact  com.quark_onnx MatMulInt8(x, W int8 [N, K], s_w)
+  INT8 W8A8 (int8, symmetric)     int8_linear=compact  com.quark_onnx MatMulInt8W8A8(x, W int8 [N, K], s_w, s_x)
+                                                       (symmetric int8 activations, fp32 io: the activation's
+                                                       quantizer inside, an exact integer GEMM), else
+                                                       Q/DQ + MatMulInt8(x, W int8 [N, K], s_w)
   MXFP4                           fp4_linear=compact   com.quark_onnx MatMulMxfp4(x, W u8 [N, K/2], e8m0 [N, K/32])
   NVFP4                           fp4_linear=compact   com.quark_onnx MatMulNvfp4(x, W u8 [N, K/2], e4m3 [N, K/16], s2)
   bf16 lm_head                    lm_head=bf16         com.quark_onnx MatMulBf16 (builder/quant/float_bf16.py)
@@ -58,7 +61,7 @@ def fp32_ep(ep, options, only=None):
 
 
 # which default each com.quark_onnx op comes from
-OP_KEYS = {"MatMulFp8": "fp8_linear", "MatMulInt8": "int8_linear", "MatMulMxfp4": "fp4_linear",
+OP_KEYS = {"MatMulFp8": "fp8_linear", "MatMulInt8": "int8_linear", "MatMulInt8W8A8": "int8_linear", "MatMulMxfp4": "fp4_linear",
            "MatMulNvfp4": "fp4_linear", "MatMulBf16": "lm_head", "MatMulUint4": "int4_linear",
            "MatMulInt4": "int4_linear"}
 

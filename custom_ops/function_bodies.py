@@ -57,6 +57,7 @@ SCALE_MIN = _tensor("scale_min", np.array(DYNAMIC_SCALE_MIN, dtype=np.float32))
 ZERO_1D = _ints("zero_1d", [0])
 ONE_1D = _ints("one_1d", [1])
 SHAPE_N_ANY = _ints("shape_n_any", [0, -1])
+INT8_ZERO = _tensor("int8_zero", np.array(0, dtype=np.int8))
 INT4_DEFAULT_ZP = _tensor("int4_default_zp", np.array(8.0, dtype=np.float32))
 
 
@@ -145,6 +146,21 @@ def MatMulInt8(A, B: INT8[...], B_scale: FLOAT[...]):
     """Weight-only symmetric INT8: Y = float32(A) @ (float32(B) * B_scale)^T, B_scale a scalar or [N]."""
     weight_nk = op.Mul(op.Cast(B, to=TensorProto.FLOAT), op.Reshape(B_scale, op.Constant(value=SHAPE_COLUMN)))
     y_f32 = op.MatMul(op.Cast(A, to=TensorProto.FLOAT), op.Transpose(weight_nk, perm=[1, 0]))
+    Y = op.CastLike(y_f32, A)
+    return Y
+
+
+@script(quark_onnx)
+def MatMulInt8W8A8(A, B: INT8[...], B_scale: FLOAT[...], A_scale: FLOAT[...]):
+    """INT8 W8A8 (Quark's int8 fake quantizer on A, zero point 0): q = QuantizeLinear(float32(A) * fp32(1 / A_scale),
+    1, int8 0), Y = (q * A_scale) @ (float32(B) * B_scale)^T. B_scale: a scalar or [N]; A_scale: a scalar. The kernel
+    sums q @ B^T exactly in integers and scales once (qo_cpu_int8_w8a8.c)."""
+    a_scale = op.Reshape(A_scale, op.Constant(value=SCALAR_SHAPE))
+    a_q = op.QuantizeLinear(op.Mul(op.Cast(A, to=TensorProto.FLOAT), op.Reciprocal(a_scale)), op.Constant(value=ONE),
+                            op.Constant(value=INT8_ZERO))
+    a_dq = op.Mul(op.Cast(a_q, to=TensorProto.FLOAT), a_scale)
+    weight_nk = op.Mul(op.Cast(B, to=TensorProto.FLOAT), op.Reshape(B_scale, op.Constant(value=SHAPE_COLUMN)))
+    y_f32 = op.MatMul(a_dq, op.Transpose(weight_nk, perm=[1, 0]))
     Y = op.CastLike(y_f32, A)
     return Y
 
@@ -332,5 +348,6 @@ def MatMulInt4(A, B: UINT8[...], scales: FLOAT[...], K: int, N: int, block_size:
 
 
 BODIES = {fn.name: fn for fn in (MatMulUint4, MatMulInt4, MatMulMxfp4, MatMulFp8W8A8, MatMulFp8W8A8Dyn, MatMulBf16, MatMulFp8, MatMulInt8,
+                                 MatMulInt8W8A8,
                                  MatMulNvfp4, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
                                  MatMulExpertsInt8, MatMulExpertsUint4, MatMulExpertsInt4)}

@@ -89,6 +89,7 @@ FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
     "MatMulBf16": matmul_bf16_function,
     "MatMulFp8": matmul_fp8_function,
     "MatMulInt8": matmul_int8_function,
+    "MatMulInt8W8A8": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulInt8W8A8", opset),
     "MatMulNvfp4": matmul_nvfp4_function,
     # routed experts (qo_cpu_experts.c): the chosen experts' stacked weights read in place
     "MatMulExpertsMxfp4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsMxfp4", opset),
@@ -107,6 +108,7 @@ OP_INPUTS = {
     "MatMulBf16": ("A", "B"),
     "MatMulFp8": ("A", "B", "B_scale"),
     "MatMulInt8": ("A", "B", "B_scale"),
+    "MatMulInt8W8A8": ("A", "B", "B_scale", "A_scale"),
     "MatMulNvfp4": ("A", "B", "B_scale", "B_scale_2"),
     "MatMulExpertsMxfp4": ("A", "expert_ids", "B", "B_scale"),
     "MatMulExpertsNvfp4": ("A", "expert_ids", "B", "B_scale", "B_scale_2"),
@@ -124,6 +126,7 @@ OP_REQUIRED_ATTRIBUTES = {
     "MatMulBf16": (),
     "MatMulFp8": (),
     "MatMulInt8": (),
+    "MatMulInt8W8A8": (),
     "MatMulNvfp4": ("K", "N"),
     "MatMulExpertsMxfp4": (),
     "MatMulExpertsNvfp4": (),

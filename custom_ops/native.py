@@ -38,7 +38,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_DIR = PACKAGE_DIR / "src"
 BUILD_DIR = PACKAGE_DIR / "build" / "cpu"
 LIBRARY_NAME = "quark_onnx_ops"
-CPU_SOURCES = ("qo_cpu_kernels.c", "qo_cpu_experts.c", "qo_cpu_int4.c", "qo_version.c")
+CPU_SOURCES = ("qo_cpu_kernels.c", "qo_cpu_experts.c", "qo_cpu_int4.c", "qo_cpu_int8_w8a8.c", "qo_version.c")
 HEADERS = ("qo_fp_formats.h", "qo_kernels.h", "qo_cpu_simd.h")
 ABI_VERSION = 1
 MXFP4_BLOCK_SIZE = 32
@@ -127,6 +127,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "qo_matmul_fp8_f16": [p, p, p, i64, p, i64, i64, i64],
         "qo_matmul_int8_f32": [p, p, p, i64, p, i64, i64, i64],
         "qo_matmul_int8_f16": [p, p, p, i64, p, i64, i64, i64],
+        "qo_matmul_int8_w8a8_f32": [p, p, p, i64, f32, p, i64, i64, i64],
+        "qo_matmul_int8_w8a8_f16": [p, p, p, i64, f32, p, i64, i64, i64],
         "qo_matmul_nvfp4_f32": [p, p, p, f32, p, i64, i64, i64],
         "qo_matmul_nvfp4_f16": [p, p, p, f32, p, i64, i64, i64],
         "qo_matmul_bf16_f32": [p, p, p, i64, i64, i64],
@@ -254,6 +256,20 @@ def matmul_fp8(a: np.ndarray, b_fp8: np.ndarray, b_scale) -> np.ndarray:
 def matmul_int8(a: np.ndarray, b_int8: np.ndarray, b_scale) -> np.ndarray:
     """Weight-only INT8: Y = A @ (f32(B) * B_scale).T; B int8 [N, K]; B_scale scalar or [N]."""
     return _matmul_scaled_weight("matmul_int8", a, b_int8, b_scale, np.int8, np.int8)
+
+
+def matmul_int8_w8a8(a: np.ndarray, b_int8: np.ndarray, b_scale, a_scale) -> np.ndarray:
+    """INT8 W8A8: q = clamp(round_half_even(A * fp32(1 / A_scale)), -128, 127), Y = fp32(fp32(q @ B.T) * A_scale) *
+    B_scale (the integer sum exact); B int8 [N, K]; B_scale scalar or [N]; A_scale a positive scalar."""
+    b, scale = _scaled_weight(b_int8, b_scale, np.int8, np.int8, "matmul_int8_w8a8")
+    n, k = b.shape
+    a, suffix = _activation(a, k, "matmul_int8_w8a8")
+    y = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
+    fn = getattr(load_library(), f"qo_matmul_int8_w8a8_{suffix}")
+    a_scale_value = float(np.asarray(a_scale, dtype=np.float32).reshape(()))
+    _check(fn(_ptr(a), _ptr(b), _ptr(scale), scale.size, a_scale_value, _ptr(y), a.size // k, n, k),
+           "matmul_int8_w8a8")
+    return y
 
 
 def matmul_nvfp4(a: np.ndarray, b_packed: np.ndarray, b_scale: np.ndarray, b_scale_2) -> np.ndarray:

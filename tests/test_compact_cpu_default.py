@@ -22,7 +22,7 @@ from builder.custom_ops_library import OP_SYMBOLS, exported_kernels
 
 # (recipe, compact op, linears): the tiny Llama (2 layers x 7 linears) exported by amd-quark
 SCHEMES = [("fp8_w8a8", "MatMulFp8"), ("fp8_w8a8_kv", "MatMulFp8"), ("fp8_w8a8_kv_attn", "MatMulFp8"),
-           ("ptpc_fp8", "MatMulFp8"), ("int8_w8a8", "MatMulInt8"), ("mxfp4", "MatMulMxfp4"),
+           ("ptpc_fp8", "MatMulFp8"), ("int8_w8a8", "MatMulInt8W8A8"), ("mxfp4", "MatMulMxfp4"),
            ("nvfp4", "MatMulNvfp4")]
 QUARK_EXPORTS = [("llama_h64", recipe) for recipe, _ in SCHEMES] + [("llama_h64_bf16", r) for r in ("fp8_w8a8", "int4_g64", "nvfp4")]
 SIZE_BOUND = 1.15  # issue #22's target: CPU default output <= 1.15x the export
@@ -57,7 +57,7 @@ def float_matrices(model_dir: Path) -> list[str]:
             and not t.name.endswith(ROTARY) and "embed_tokens" not in t.name and "lm_head" not in t.name]
 
 
-COMPACT = {"MatMulFp8": {"fp8_linear": "compact"}, "MatMulInt8": {"int8_linear": "compact"},
+COMPACT = {"MatMulFp8": {"fp8_linear": "compact"}, "MatMulInt8W8A8": {"int8_linear": "compact"},
            "MatMulMxfp4": {"fp4_linear": "compact"}, "MatMulNvfp4": {"fp4_linear": "compact"}}
 
 
@@ -76,7 +76,7 @@ def test_compact_form_keeps_checkpoint_bytes(exports, recipe, op, tmp_path):
 
 
 @pytest.mark.parametrize("recipe,op", [("fp8_w8a8_kv", "MatMulFp8"), ("ptpc_fp8", "MatMulFp8"),
-                                       ("int8_w8a8", "MatMulInt8"), ("mxfp4", "MatMulMxfp4"),
+                                       ("int8_w8a8", "MatMulInt8W8A8"), ("mxfp4", "MatMulMxfp4"),
                                        ("nvfp4", "MatMulNvfp4")])
 def test_compact_form_logits(exports, recipe, op, tmp_path):
     """FP4: the compact form vs Quark's own model (reference.npz, the FP4 tests' tolerance). FP8/INT8: vs the dense
@@ -167,7 +167,7 @@ def _optimized_initializers(model_dir: Path, library: str, tmp_path: Path) -> tu
 
 
 @pytest.mark.parametrize("recipe,op", [("mxfp4", "MatMulMxfp4"), ("fp8_w8a8", "MatMulFp8"),
-                                       ("int8_w8a8", "MatMulInt8"), ("nvfp4", "MatMulNvfp4")])
+                                       ("int8_w8a8", "MatMulInt8W8A8"), ("nvfp4", "MatMulNvfp4")])
 def test_ort_keeps_compact_weights(exports, recipe, op, tmp_path):
     """With the library's kernel, ORT's optimizer leaves the node and its compact weight alone (no fp32 copy)."""
     out = build(exports[recipe], tmp_path / "m", **COMPACT[op])

@@ -31,14 +31,15 @@ def test_int8_cpu_matches_quark_emulation(export, tmp_path):
 
 @pytest.mark.parametrize("ep,dq", [("cpu", 14), ("cuda", 28), ("migraphx", 28)])
 def test_int8_emitted_ops(export, ep, dq, tmp_path):
-    """GPU EPs: Q/DQ activation + DQ weight (28 DQ); CPU: Q/DQ activation only, MatMulInt8 on the int8 weights (fp32 weights with a library without its kernel)."""
+    """GPU EPs: Q/DQ activation + DQ weight (28 DQ); CPU: MatMulInt8W8A8 on the int8 weights, the activation's
+    quantizer inside the node (the Q/DQ activation + fp32 weights with a library without its kernel)."""
     convert(export / "quark", tmp_path / ep, ep, log=lambda m: None)
     ops = op_types(tmp_path / ep)
-    assert ops["QuantizeLinear"] == 14 and ops["DequantizeLinear"] == dq
+    compact = ep == "cpu" and cpu_library_has_kernel("MatMulInt8W8A8")  # the compact default: the checkpoint's bytes
+    assert ops.get("QuantizeLinear", 0) == (0 if compact else 14) and ops.get("DequantizeLinear", 0) == (0 if compact else dq)
     # CPU: the explicit attention with the fixed-order softmax (issue 21; tests/test_isa_fixed_attention.py)
     assert ("GroupQueryAttention" in ops) == (ep != "cpu")
-    compact = ep == "cpu" and cpu_library_has_kernel("MatMulInt8")  # the compact default: the checkpoint's bytes
-    assert ops.get("MatMulInt8", 0) == (14 if compact else 0)
+    assert ops.get("MatMulInt8W8A8", 0) == (14 if compact else 0) and "MatMulInt8" not in ops
 
 
 INTEGER_GEMMS = ("MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QLinearMatMul", "MatMulInteger")
@@ -47,19 +48,29 @@ INTEGER_GEMMS = ("MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QLinearMatMul
 def _optimized_ops(model_dir, tmp_path) -> list[str]:
     """Op types of the graph ORT CPU really runs (its optimizer's output at the default level)."""
     import onnx
+    import json
     so = ort.SessionOptions()
     so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    library = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"].get(
+        "session_options", {}).get("custom_ops_library")
+    if library:  # as og loads it
+        so.register_custom_ops_library(str(model_dir / library))
     ort.InferenceSession(str(model_dir / "model.onnx"), so, providers=["CPUExecutionProvider"])
     return [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node]
 
 
-def test_int8_cpu_default_stays_float_gemm(export, tmp_path):
-    """The default CPU form is not re-fused into an integer GEMM: 14 float MatMuls on Q/DQ'd activations."""
+def test_int8_cpu_default_is_not_ort_integer_gemm(export, tmp_path):
+    """The default CPU form never lands on ORT's integer GEMMs (whose u8s8 AVX2 kernel saturates without VNNI):
+    without the library, 14 float MatMuls on Q/DQ'd activations; with it, 14 MatMulInt8W8A8 nodes (our exact integer
+    GEMM, tests/test_int8_w8a8_kernel.py)."""
     out = tmp_path / "cpu"
     convert(export / "quark", out, "cpu", log=lambda m: None)
     ops = _optimized_ops(out, tmp_path)
     assert not set(ops) & set(INTEGER_GEMMS), sorted(set(ops))
-    assert ops.count("QuantizeLinear") == 14 and ops.count("DequantizeLinear") == 14, sorted(set(ops))
+    if cpu_library_has_kernel("MatMulInt8W8A8"):
+        assert ops.count("MatMulInt8W8A8") == 14 and "QuantizeLinear" not in ops, sorted(set(ops))
+    else:
+        assert ops.count("QuantizeLinear") == 14 and ops.count("DequantizeLinear") == 14, sorted(set(ops))
 
 
 def test_int8_qdq_option_lands_on_integer_matmul(export, tmp_path):

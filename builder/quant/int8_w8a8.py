@@ -9,6 +9,12 @@ fake_quantize_int_per_tensor_affine); weights W = (q_w - zp_w) * s_w.
 
 Emitted per EP (EPConfig.int8_linear, --extra_options int8_linear=...):
   compact (CPU default, builder/compact_forms.py; symmetric int8 weights):
+    symmetric int8 activation (zero point 0), fp32 io:
+    x ─► com.quark_onnx MatMulInt8W8A8(x, W int8 [out, in] (the checkpoint's bytes), s_w, s_x)
+    The node quantizes x itself with Quark's quantizer (x * fp32(1/s_x), round half to even, clamp) and sums q @ W^T
+    exactly in integers (custom_ops/src/qo_cpu_int8_w8a8.c: VNNI / int16 products, never a saturating pair sum), then
+    scales once: the real product of the Q/DQ'd operands up to three final roundings, the same bits on every CPU.
+    otherwise (a uint8 or asymmetric activation, fp16 io):
     x ─► Mul(1/s_x) ─► QuantizeLinear(1, zp_x) ─► DequantizeLinear(s_x, zp_x) ─► com.quark_onnx MatMulInt8 ◄─ int8 W
     [out, in] (the checkpoint's bytes), s_w: the same float32 product q_w * s_w as the form below, float GEMM.
   dequantized_weight (CPU default):
@@ -115,12 +121,18 @@ class Int8W8A8(Scheme):
 
     @classmethod
     def custom_op(cls, plan: LinearPlan, ep, io: str | None = None) -> str | None:
-        return "MatMulInt8" if cls.form(plan, ep) == "compact" and io in (None, *COMPACT_IO) else None
+        if cls.form(plan, ep) != "compact" or io not in (None, *COMPACT_IO):
+            return None
+        return "MatMulInt8W8A8" if _fused(plan, io) else "MatMulInt8"
 
     @classmethod
     def describe(cls, plan: LinearPlan, ep) -> str:
         w, a = plan.spec.weight[0], plan.spec.input_tensors[0]
         form = cls.form(plan, ep)
+        if form == "compact" and _fused(plan, None):
+            return (f"com.quark_onnx MatMulInt8W8A8: the {a.dtype} activation quantized inside, an exact integer "
+                    f"GEMM on the checkpoint's int8 {w.qscheme} weight and scale (compact CPU default at fp32 io, "
+                    "+ function fallback)")
         if form == "compact":
             return (f"Q/DQ {a.dtype} activation -> com.quark_onnx MatMulInt8 on the checkpoint's int8 {w.qscheme} "
                     "weight and scale (compact CPU default, + function fallback)")
@@ -157,6 +169,10 @@ class Int8W8A8(Scheme):
         elif form == "qdq":
             w_t = weight_dq(ctx, base, q.T, scale, wzp, f"{pre}/weight_dq")
         s_x = np.float32(ckpt.get_scale(f"{base}.input_scale").reshape(()))
+        if form == "compact" and _fused(plan, ctx.io):
+            if not np.any(cls._zp(ckpt, f"{base}.input_zero_point", a.dtype, 1)):
+                return _emit_matmul_int8_w8a8(ctx, plan, x, q, scale, s_x)
+            ctx.notes.append(f"{base}: nonzero input_zero_point: activation Q/DQ + MatMulInt8 instead of MatMulInt8W8A8")
         s = g.scalar(f"{base}.input_scale.q", float(s_x), ctx.io_np)
         zp = g.initializer(f"{base}.input_zero_point.q",
                            cls._zp(ckpt, f"{base}.input_zero_point", a.dtype, 1).reshape(()))
@@ -171,6 +187,13 @@ class Int8W8A8(Scheme):
         if form == "compact":
             return _emit_matmul_int8(ctx, plan, xq, q, scale)
         return g.op("MatMul", [xq, w_t], f"{pre}/MatMul")
+
+
+def _fused(plan: LinearPlan, io: str | None) -> bool:
+    """MatMulInt8W8A8 (the activation quantizer inside the node) takes symmetric int8 activations at fp32 io; a
+    checkpoint whose zero point turns out nonzero gets the Q/DQ + MatMulInt8 form at emit time."""
+    a = plan.spec.input_tensors[0]
+    return a.dtype == "int8" and a.symmetric is not False and io in (None, "fp32") and plan.in_features <= 1 << 24
 
 
 def _functions_available() -> bool:
@@ -191,3 +214,16 @@ def _emit_matmul_int8(ctx, plan: LinearPlan, x: str, q: np.ndarray, scale: np.nd
     inputs = [x, g.initializer(f"{base}.weight.int8", np.ascontiguousarray(q, dtype=np.int8)),
               g.initializer(f"{base}.weight_scale.f32", s if s.size > 1 else s.reshape(()))]
     return g.op("MatMulInt8", inputs, f"{plan.node_prefix}/MatMulInt8", domain=DOMAIN)
+
+
+def _emit_matmul_int8_w8a8(ctx, plan: LinearPlan, x: str, q: np.ndarray, scale: np.ndarray, s_x) -> str:
+    """com.quark_onnx MatMulInt8W8A8(x, W int8 [N, K], s_w scalar|[N], s_x scalar) + its function."""
+    from custom_ops.functions import DOMAIN, FUNCTIONS
+
+    g, base = ctx.graph, plan.name
+    g.add_function(FUNCTIONS["MatMulInt8W8A8"](g.opsets[""]), opset_version=1)
+    s = np.asarray(scale, np.float32).reshape(-1)
+    inputs = [x, g.initializer(f"{base}.weight.int8", np.ascontiguousarray(q, dtype=np.int8)),
+              g.initializer(f"{base}.weight_scale.f32", s if s.size > 1 else s.reshape(())),
+              g.initializer(f"{base}.input_scale.f32", np.asarray(s_x, np.float32).reshape(()))]
+    return g.op("MatMulInt8W8A8", inputs, f"{plan.node_prefix}/MatMulInt8W8A8", domain=DOMAIN)

@@ -31,9 +31,12 @@ const OrtApi* g_api = nullptr;
 bool g_has_parallel_for = false;
 
 enum class OpKind { kMxfp4, kFp8, kFp8Dyn, kBf16, kFp8Weight, kInt8, kNvfp4,  // each on CPU, and CUDA when built
-                    kUint4, kInt4 };  // CPU only (qo_cpu_int4.c)
+                    kUint4, kInt4,    // CPU only (qo_cpu_int4.c)
+                    kInt8W8A8 };      // CPU only (qo_cpu_int8_w8a8.c)
 
 bool IsInt4(OpKind kind) { return kind == OpKind::kUint4 || kind == OpKind::kInt4; }
+bool CpuOnly(OpKind kind) { return IsInt4(kind) || kind == OpKind::kInt8W8A8; }
+bool HasAScale(OpKind kind) { return kind == OpKind::kFp8 || kind == OpKind::kNvfp4 || kind == OpKind::kInt8W8A8; }
 
 struct QoCustomOp : OrtCustomOp {
   OpKind kind;
@@ -153,6 +156,11 @@ int RunCpu(const QoKernel& k, OrtKernelContext* context, const void* a, const vo
                                           (u16*)y, M, N, K)
                     : qo_matmul_nvfp4_f32((const float*)a, (const uint8_t*)b, (const uint8_t*)b_scale, *a_scale,
                                           (float*)y, M, N, K);
+    case OpKind::kInt8W8A8:
+      return k.half ? qo_matmul_int8_w8a8_f16((const u16*)a, (const int8_t*)b, (const float*)b_scale, b_scale_count,
+                                              *a_scale, (u16*)y, M, N, K)
+                    : qo_matmul_int8_w8a8_f32((const float*)a, (const int8_t*)b, (const float*)b_scale, b_scale_count,
+                                              *a_scale, (float*)y, M, N, K);
     case OpKind::kUint4:
     case OpKind::kInt4: break;  // ComputeInt4
   }
@@ -209,7 +217,8 @@ int RunGpu(const QoKernel& k, const void* a, const void* b, const void* b_scale,
                     : qo_gpu_matmul_nvfp4_f32((const float*)a, (const uint8_t*)b, (const uint8_t*)b_scale,
                                               *a_scale_device, (float*)y, M, N, K, stream);
     case OpKind::kUint4:
-    case OpKind::kInt4: break;  // CPU only
+    case OpKind::kInt4:
+    case OpKind::kInt8W8A8: break;  // CPU only
   }
 #else
   (void)k; (void)a; (void)b; (void)b_scale; (void)b_scale_count; (void)a_scale_device; (void)y; (void)M; (void)N;
@@ -266,7 +275,7 @@ OrtStatus* ORT_API_CALL Compute(void* op_kernel, OrtKernelContext* context) {
   QO_RETURN_IF_ERROR(Input(context, 0, &a, &a_data));
   QO_RETURN_IF_ERROR(Input(context, 1, &b, &b_data));
   if (k.kind != OpKind::kBf16) QO_RETURN_IF_ERROR(Input(context, 2, &b_scale, &b_scale_data));
-  if (k.kind == OpKind::kFp8 || k.kind == OpKind::kNvfp4) QO_RETURN_IF_ERROR(Input(context, 3, &a_scale, &a_scale_data));
+  if (HasAScale(k.kind)) QO_RETURN_IF_ERROR(Input(context, 3, &a_scale, &a_scale_data));
 
   if (a.shape.empty() || b.shape.size() != 2) return Error("A must have rank >= 1 and B rank 2");
   const int64_t K = a.shape.back();
@@ -287,12 +296,19 @@ OrtStatus* ORT_API_CALL Compute(void* op_kernel, OrtKernelContext* context) {
     if (a_scale.elements() != 1) return Error("MatMulNvfp4: B_scale_2 must be a scalar");
     if ((k.attr_k > 0 && k.attr_k != K) || (k.attr_n > 0 && k.attr_n != N))
       return Error("MatMulNvfp4: attributes K/N do not match the tensors");
-  } else if (k.kind == OpKind::kFp8Weight || k.kind == OpKind::kInt8) {
-    const char* name = k.kind == OpKind::kInt8 ? "MatMulInt8" : "MatMulFp8";
+  } else if (k.kind == OpKind::kFp8Weight || k.kind == OpKind::kInt8 || k.kind == OpKind::kInt8W8A8) {
+    const char* name = k.kind == OpKind::kInt8 ? "MatMulInt8" : k.kind == OpKind::kInt8W8A8 ? "MatMulInt8W8A8"
+                                                                                            : "MatMulFp8";
     if (b.shape[1] != K) return Error(std::string(name) + ": B must be [N, K]");
     const int64_t count = b_scale.elements();
     if (count != 1 && !(b_scale.shape.size() == 1 && count == N))
       return Error(std::string(name) + ": B_scale must be a scalar or [N]");
+    if (k.kind == OpKind::kInt8W8A8) {
+      if (a_scale.elements() != 1) return Error("MatMulInt8W8A8: A_scale must be a scalar");
+      const float s = *static_cast<const float*>(a_scale_data);
+      if (!(s > 0.0f) || s > 3.4028235e38f) return Error("MatMulInt8W8A8: A_scale must be positive and finite");
+      if (K > (1 << 24)) return Error("MatMulInt8W8A8: K must be <= 2^24");
+    }
   } else {
     if (b.shape[1] != K) return Error("MatMulFp8W8A8: B must be [N, K]");
     const int64_t count = b_scale.elements();
@@ -353,6 +369,7 @@ const char* ORT_API_CALL GetName(const OrtCustomOp* op) {
     case OpKind::kNvfp4: return "MatMulNvfp4";
     case OpKind::kUint4: return "MatMulUint4";
     case OpKind::kInt4: return "MatMulInt4";
+    case OpKind::kInt8W8A8: return "MatMulInt8W8A8";
   }
   return "";
 }
@@ -365,6 +382,7 @@ size_t ORT_API_CALL GetInputTypeCount(const OrtCustomOp* op) {
   switch (static_cast<const QoCustomOp*>(op)->kind) {
     case OpKind::kFp8:
     case OpKind::kNvfp4:
+    case OpKind::kInt8W8A8:
     case OpKind::kUint4: return 4;
     case OpKind::kBf16: return 2;
     default: return 3;
@@ -377,7 +395,8 @@ ONNXTensorElementDataType ORT_API_CALL GetInputType(const OrtCustomOp* op, size_
   if (qo->kind == OpKind::kMxfp4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;  // B, B_scale
   if (IsInt4(qo->kind)) return index == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
   if (qo->kind == OpKind::kBf16) return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
-  if (qo->kind == OpKind::kInt8) return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  if (qo->kind == OpKind::kInt8 || qo->kind == OpKind::kInt8W8A8)  // B int8; B_scale (and A_scale) float
+    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   if (qo->kind == OpKind::kNvfp4) {  // B uint8, B_scale e4m3fn, B_scale_2 float
     if (index == 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
     if (index == 2) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN;
@@ -447,9 +466,9 @@ std::vector<QoCustomOp>& AllOps() {
 #endif
     for (bool gpu : providers)
       for (OpKind kind : {OpKind::kMxfp4, OpKind::kFp8, OpKind::kFp8Dyn, OpKind::kBf16, OpKind::kFp8Weight,
-                          OpKind::kInt8, OpKind::kNvfp4, OpKind::kUint4, OpKind::kInt4})
+                          OpKind::kInt8, OpKind::kNvfp4, OpKind::kUint4, OpKind::kInt4, OpKind::kInt8W8A8})
         for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16})
-          if (!(gpu && IsInt4(kind))) list.push_back(MakeOp(kind, t, gpu));
+          if (!(gpu && CpuOnly(kind))) list.push_back(MakeOp(kind, t, gpu));
     return list;
   }();
   return ops;

@@ -72,6 +72,13 @@ QO_API int qo_matmul_int8_f32(const float* A, const int8_t* B, const float* B_sc
                               int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_int8_f16(const uint16_t* A, const int8_t* B, const float* B_scale, int64_t b_scale_count,
                               uint16_t* Y, int64_t M, int64_t N, int64_t K);
+/* INT8 W8A8 (qo_cpu_int8_w8a8.c, which documents it): A quantized inside with Quark's int8 fake quantizer
+ * (q = clamp(round_half_even(A * fp32(1/A_scale)), -128, 127)), the exact integer sum P = q @ B^T, then
+ * Y = fp32(fp32(fp32(P) * A_scale) * B_scale); K <= 2^24. The same bits on every path. */
+QO_API int qo_matmul_int8_w8a8_f32(const float* A, const int8_t* B, const float* B_scale, int64_t b_scale_count,
+                                   float A_scale, float* Y, int64_t M, int64_t N, int64_t K);
+QO_API int qo_matmul_int8_w8a8_f16(const uint16_t* A, const int8_t* B, const float* B_scale, int64_t b_scale_count,
+                                   float A_scale, uint16_t* Y, int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_nvfp4_f32(const float* A, const uint8_t* B, const uint8_t* B_scale, float B_scale_2, float* Y,
                                int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_nvfp4_f16(const uint16_t* A, const uint8_t* B, const uint8_t* B_scale, float B_scale_2,
