@@ -303,23 +303,9 @@ static QO_I8_VNNI void vnni_rows(const i8_job* j, int64_t n0, int64_t n1) {
 }
 #endif /* QO_I8_X86 */
 
-static int vnni_supported(void) {
-#if QO_I8_X86
-  static int supported = -1;
-  if (supported < 0) {
-    __builtin_cpu_init();
-    supported = __builtin_cpu_supports("avx512vnni");
-  }
-  const char* force = getenv("QO_CPU_KERNELS");
-  return supported && !(force && strcmp(force, "avx512-novbmi") == 0);
-#else
-  return 0;
-#endif
-}
-
 static int pick_path(void) {
   const int isa = qo_cpu_isa(); /* QO_CPU_KERNELS lowers it; DAZ does not matter to integers, but one rule for all */
-  if (isa == QO_ISA_AVX512 && vnni_supported()) return I8_VNNI;
+  if (isa == QO_ISA_AVX512 && qo_cpu_avx512_ext(QO_EXT_VNNI)) return I8_VNNI;
   if (isa >= QO_ISA_AVX2) return I8_AVX2;
   return I8_PORTABLE;
 }

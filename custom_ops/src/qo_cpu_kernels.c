@@ -1413,36 +1413,27 @@ int qo_cpu_isa(void) {
 #endif
 }
 
-/* AVX512_VBMI as well (the FP4 GEMV's permute decode); QO_CPU_KERNELS=avx512-novbmi turns it off (tests). */
-static int qo_cpu_vbmi(void) {
+/* The AVX-512 extensions some paths add (qo_cpu_simd.h): AVX512_VBMI (the FP4 / FP8 / INT8 GEMVs' permute decode),
+ * AVX512_VNNI (vpdpbusd: the MXFP4 integer path, qo_cpu_int8_w8a8.c). QO_CPU_KERNELS=avx512-novbmi turns both off
+ * (tests: an AVX-512 F/BW/VL/DQ-only CPU, a Skylake-X, whose paths give the same bits). */
+int qo_cpu_avx512_ext(int ext) {
 #if QO_X86_AVX2
-  static int supported = -1;
-  if (supported < 0) {
+  static int supported[2] = {-1, -1};
+  if (supported[0] < 0) {
     __builtin_cpu_init();
-    supported = __builtin_cpu_supports("avx512vbmi");
+    supported[QO_EXT_VNNI] = __builtin_cpu_supports("avx512vnni");
+    supported[QO_EXT_VBMI] = __builtin_cpu_supports("avx512vbmi"); /* written last: the flag the check reads */
   }
   const char* force = getenv("QO_CPU_KERNELS");
-  return supported && !(force && strcmp(force, "avx512-novbmi") == 0);
+  return (ext == QO_EXT_VBMI || ext == QO_EXT_VNNI) && supported[ext] &&
+         !(force && strcmp(force, "avx512-novbmi") == 0);
 #else
+  (void)ext;
   return 0;
 #endif
 }
-
-/* AVX512_VNNI as well (the MXFP4 integer path's vpdpbusd); QO_CPU_KERNELS=avx512-novbmi turns it off too (AVX-512
- * F/BW/VL/DQ only, a Skylake-X: vpmaddubsw + vpmaddwd, the same integers). */
-static int qo_cpu_vnni(void) {
-#if QO_X86_AVX2
-  static int supported = -1;
-  if (supported < 0) {
-    __builtin_cpu_init();
-    supported = __builtin_cpu_supports("avx512vnni");
-  }
-  const char* force = getenv("QO_CPU_KERNELS");
-  return supported && !(force && strcmp(force, "avx512-novbmi") == 0);
-#else
-  return 0;
-#endif
-}
+#define qo_cpu_vbmi() qo_cpu_avx512_ext(QO_EXT_VBMI)
+#define qo_cpu_vnni() qo_cpu_avx512_ext(QO_EXT_VNNI)
 
 static void rows_task(qo_job* job, int64_t n0, int64_t n1);
 

@@ -24,6 +24,8 @@ enum { QO_ISA_PORTABLE = 0, QO_ISA_AVX2 = 1, QO_ISA_AVX512 = 2 };
 
 /* Defined in qo_cpu_kernels.c (not exported from the library). */
 int qo_cpu_isa(void);
+enum { QO_EXT_VBMI = 0, QO_EXT_VNNI = 1 };
+int qo_cpu_avx512_ext(int ext); /* AVX512_VBMI / AVX512_VNNI present and not turned off (QO_CPU_KERNELS) */
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(QO_NO_CLONES) && \
     !defined(QO_PORTABLE_ONLY)
