@@ -158,7 +158,9 @@ def MatMulInt8W8A8(A, B: INT8[...], B_scale: FLOAT[...], A_scale: FLOAT[...]):
     a_scale = op.Reshape(A_scale, op.Constant(value=SCALAR_SHAPE))
     a_q = op.QuantizeLinear(op.Mul(op.Cast(A, to=TensorProto.FLOAT), op.Reciprocal(a_scale)), op.Constant(value=ONE),
                             op.Constant(value=INT8_ZERO))
-    a_dq = op.Mul(op.Cast(a_q, to=TensorProto.FLOAT), a_scale)
+    # DequantizeLinear, not Mul(Cast(q), s): ORT's MatMulScaleFusion would fold a scalar Mul into the MatMul's alpha
+    # (s * (q @ W) instead of (q * s) @ W), a different rounding of the same product than the Q/DQ form's
+    a_dq = op.DequantizeLinear(a_q, a_scale)
     weight_nk = op.Mul(op.Cast(B, to=TensorProto.FLOAT), op.Reshape(B_scale, op.Constant(value=SHAPE_COLUMN)))
     y_f32 = op.MatMul(a_dq, op.Transpose(weight_nk, perm=[1, 0]))
     Y = op.CastLike(y_f32, A)

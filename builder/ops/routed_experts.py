@@ -542,7 +542,7 @@ def emit_routed_experts(ctx, x: str, routing: Routing, experts: list[tuple], act
 # routed standard-op form (Gather of the chosen experts, decode, batched MatMul).
 EXPERTS_OPS = {"mxfp4": ("MatMulExpertsMxfp4", "MatMulMxfp4"), "mxfp4_fp8": ("MatMulExpertsMxfp4", "MatMulMxfp4"),
                "fp8": ("MatMulExpertsFp8", "MatMulFp8"), "nvfp4": ("MatMulExpertsNvfp4", "MatMulNvfp4"),
-               "int8_w8a8": ("MatMulExpertsInt8", "MatMulInt8")}
+               "int8_w8a8": ("MatMulExpertsInt8", "MatMulInt8", "MatMulInt8W8A8")}  # experts op, the dense layers' ops
 
 
 def experts_op_applies(ctx, experts: list[tuple]) -> bool:
@@ -564,7 +564,7 @@ def experts_op_applies(ctx, experts: list[tuple]) -> bool:
         ops = EXPERTS_OPS.get(key[0]) if key else None
         if ops is None or OP_SYMBOLS.get(ops[0]) not in symbols:
             return False
-        if getattr(plan.scheme, "custom_op", lambda *_: None)(plan, ctx.ep, ctx.io) != ops[1]:
+        if getattr(plan.scheme, "custom_op", lambda *_: None)(plan, ctx.ep, ctx.io) not in ops[1:]:
             return False
     return not _int8_zero_points(ctx, experts)
 
