@@ -2,6 +2,7 @@
 
     python benchmarks/real_size.py [--work DIR] [--layers 2] [--vocab 32000|proportional] [--rounds 2]
                                    [--only fp8_kv,...,gpt_oss_mxfp4,qwen3_moe_uint4,qwen3_moe_mxfp4] [--max_gib 8]
+                                   [--no_dense]
 
 For each release shape it writes a layer-sliced, format-exact synthetic Quark export (the tensor names, dtypes, shapes
 and quantization_config of a real amd-quark export of that scheme: benchmarks/real_size_quant_configs.json holds the
@@ -516,6 +517,11 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the exports and outputs")
     ap.add_argument("--max_gib", type=float, default=8.0,
                     help="address-space limit of each og run (GiB; 0: none); a run past it is reported, not made")
+    ap.add_argument("--results", default="real_size",
+                    help="benchmarks/results/NAME.{json,md} (rows of other shapes already there are kept)")
+    ap.add_argument("--no_dense", action="store_true",
+                    help="only the compact default (full depth: the dense fp32 form would not fit the disk or the "
+                         "memory); the ratios to the dense form are then not reported")
     ap.add_argument("--run_folded", action="store_true",
                     help="also load compact outputs whose ops the library has no kernel for (memory: see --help)")
     a = ap.parse_args(argv)
@@ -535,7 +541,9 @@ def main(argv=None) -> int:
         ex_split = _split_bytes(list(export_items(export)), vocab)
         forms = {"compact" if kind != "uint4" else "default": (work / f"{scheme}_compact", COMPACT_OPTION[kind]),
                  baseline_form(scheme): (work / f"{scheme}_dense", ["custom_ops_library=none"])}
-        if kind == "uint4" and "arch" in shape:  # the opt-in 4-bit experts op against the QMoE default
+        if a.no_dense:
+            del forms[baseline_form(scheme)]
+        if kind == "uint4" and "arch" in shape and not a.no_dense:  # the opt-in 4-bit experts op vs the QMoE default
             forms[INT4_EXPERTS_FORM] = (work / f"{scheme}_int4_experts", ["int4_experts=compact"])
             # the default's QMoE / MatMulNBits at accuracy_level 1 (fp32 activations, as the compact experts op)
             forms[QMOE_EXACT_FORM] = (work / f"{scheme}_qmoe_acc1", ["accuracy_level=1"])
@@ -615,7 +623,7 @@ def main(argv=None) -> int:
                 if "prefill_ms" in row and "prefill_ms" in dense:
                     row["prefill_vs_dense"] = row["prefill_ms"] / dense["prefill_ms"]
         print(table([r for r in rows if r.get("scheme") == scheme or r["release"] == release]), flush=True)
-        _save(rows, argv)
+        _save(rows, argv, name=a.results)
         if not a.keep:
             for out, _ in forms.values():
                 shutil.rmtree(out, ignore_errors=True)
@@ -626,7 +634,7 @@ def main(argv=None) -> int:
         if "gbps" in row:  # og runs on every core (ORT's default intra-op pool): against the all-thread read
             row["read_GBs"], row["gbps_of_read"] = best, row["gbps"] / best["read_2t_GBs"]
     print(f"plain memory read: {best} (best of before {read} and after {after})")
-    _save(rows, argv, best)
+    _save(rows, argv, best, name=a.results)
     print(table(rows))
     return 0
 
@@ -650,7 +658,7 @@ def cpu_name() -> str:
     return f"{model}, {simd}{' + AMX' if 'amx_tile' in flags else ''}, {os.cpu_count()} CPUs"
 
 
-def _save(rows: list[dict], argv, read: dict | None = None) -> None:
+def _save(rows: list[dict], argv, read: dict | None = None, name: str = "real_size") -> None:
     """Write the table and JSON; rows of other shapes already in the JSON (an earlier --only run) are kept, each
     with the command and date of the run that measured it."""
     results = REPO / "benchmarks" / "results"
@@ -663,7 +671,7 @@ def _save(rows: list[dict], argv, read: dict | None = None) -> None:
     cpu = cpu_name()
     rows = [{**r, "command": r.get("command", command), "date": r.get("date", date), "cpu": r.get("cpu", cpu)}
             for r in rows]
-    old = results / "real_size.json"
+    old = results / f"{name}.json"
     if old.exists():
         mine = {r.get("scheme") for r in rows}
         before = json.loads(old.read_text())
@@ -674,18 +682,18 @@ def _save(rows: list[dict], argv, read: dict | None = None) -> None:
             "note": "sizes extrapolated to each release's depth and vocabulary (rows: full_layers, full_vocab; the "
                     "8B rows: 32 layers, 128256); speed and RSS measured on the slice; each row's command and date "
                     "(rows without a date: the 8B run of 2026-12-02)"}
-    (results / "real_size.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    write_markdown(rows)
+    (results / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_markdown(rows, name)
 
 
-def write_markdown(rows: list[dict]) -> None:
+def write_markdown(rows: list[dict], name: str = "real_size") -> None:
     """benchmarks/results/real_size.md from the rows (python -c "import real_size as r, json; r.write_markdown(
     json.load(open('benchmarks/results/real_size.json'))['rows'])" redraws it after a change of the table)."""
     def run_key(r):
         return r["command"], r.get("date", "2026-12-02"), r.get("cpu", "AMD EPYC (Zen 5), AVX-512, 2 CPUs")
     runs = "\n".join(f"- {d} ({cpu}): `{c}` ({', '.join(sorted({r['release'] for r in rows if run_key(r) == (c, d, cpu)}))})"
                       for c, d, cpu in dict.fromkeys(run_key(r) for r in rows))
-    (REPO / "benchmarks" / "results" / "real_size.md").write_text(f"Runs:\n{runs}\n\n{table(rows)}\n")
+    (REPO / "benchmarks" / "results" / f"{name}.md").write_text(f"Runs:\n{runs}\n\n{table(rows)}\n")
 
 
 if __name__ == "__main__":
