@@ -940,10 +940,12 @@ QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* 
 
 /* MXFP4 / NVFP4 GEMV by permutes (AVX512_VBMI; the decode above QOZ_FP4_IDX): `steps` steps of 32 elements of the
  * 2 * np weight rows from w0 (row stride rb, scale rows from s0, stride sb) into acc, the same FMAs in the same order
- * as qoz_gemv_tile. The loop is bound by the vector uops and the loads it issues (measured: the two 512-bit ports and
- * the loads, not memory), so it is written for few of both: the rows (and scale rows) as three base pointers +
- * multiples of the stride (rows 0, 1, 2, 4 from w0, 3, 5, 7 from w3, 6 from w6: base + index * 1/2/4 addressing),
- * advanced each step, in a function of its own so that no pointer is spilled; one table load per row and block
+ * as qoz_gemv_tile. Cache-resident, the loop is bound by the vector uops and the loads it issues (the two 512-bit
+ * ports and the load ports; measured on an Intel Xeon by dropping parts of it, no PMU in that guest: without the
+ * table loads a step of two rows took 8.3 cycles instead of 11), so it is written for few of both: the rows (and
+ * scale rows) as three base pointers + multiples of the stride (rows 0, 1, 2, 4 from w0, 3, 5, 7 from w3, 6 from
+ * w6: base + index * 1/2/4 addressing), advanced each step, in a function of its own (inlined into the tile, gcc
+ * spilled row pointers and moved them back through xmm registers on port 0); one table load per row and block
  * (qoz_fp4_table). */
 #define QOZ_ROW(b0, b3, b6, st, r) \
   ((r) == 0 ? (b0) : (r) == 1 ? (b0) + (st) : (r) == 2 ? (b0) + 2 * (st) : (r) == 3 ? (b3) : (r) == 4 ? (b0) + 4 * (st) \
