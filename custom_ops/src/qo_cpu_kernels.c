@@ -945,8 +945,8 @@ QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* 
  * table loads a step of two rows took 8.3 cycles instead of 11), so it is written for few of both: the rows (and
  * scale rows) as three base pointers + multiples of the stride (rows 0, 1, 2, 4 from w0, 3, 5, 7 from w3, 6 from
  * w6: base + index * 1/2/4 addressing), advanced each step, in a function of its own (inlined into the tile, gcc
- * spilled row pointers and moved them back through xmm registers on port 0); one table load per row and block
- * (qoz_fp4_table). */
+ * reloaded 9 row pointers per step from the stack or from xmm registers, the latter on port 0; now 3); one table
+ * load per row and block (qoz_fp4_table). */
 #define QOZ_ROW(b0, b3, b6, st, r) \
   ((r) == 0 ? (b0) : (r) == 1 ? (b0) + (st) : (r) == 2 ? (b0) + 2 * (st) : (r) == 3 ? (b3) : (r) == 4 ? (b0) + 4 * (st) \
    : (r) == 5 ? (b3) + 2 * (st) : (r) == 6 ? (b6) : (b3) + 4 * (st))
