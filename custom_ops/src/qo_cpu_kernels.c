@@ -803,14 +803,15 @@ QO_INLINE void qoz_dec32_pair(const int fmt, const qo_weight* w, const uint8_t* 
                                             _mm_loadl_epi64((const __m128i*)(rb + k + 8 * s))));
 }
 
-/* MXFP4 / NVFP4 elements k..k+31 of rows a and b (as qoz_dec32_pair) by permutes (needs AVX512_VBMI): one vpermt2b
- * gathers from the two rows' 16 packed bytes, into byte s of dword L, the byte holding the nibble of step s (element
- * 8s + L % 8 of row L / 8); the odd lanes (high nibbles) shift right by 4, one vpternlogd keeps the nibble and sets
- * bit 4 for row b; then per step s vpermt2ps on bits 0..4 of (that >> 8s) looks the value up in the two rows'
- * 16-entry tables 2 * e2m1 * half block scale (fp4_lut: the products the other paths compute per element, the same
- * float32 multiplications). */
-static const uint8_t QOZ_FP4_IDX[64] = { /* byte s of dword L: byte 4s + (L % 8) / 2 of row L / 8 (b at 64) */
-#define QOZ_L(s, L) (uint8_t)(((L) / 8) * 64 + 4 * (s) + ((L) % 8) / 2)
+/* MXFP4 / NVFP4 GEMV by permutes (needs AVX512_VBMI; qoz_fp4_tile_vbmi below): elements k..k+31 of rows a and b
+ * (as qoz_dec32_pair: out[s] = elements k+8s..k+8s+7 of a in the low half, of b in the high half). The two rows' 16
+ * packed bytes are loaded as one ymm (a, then b: the insert from memory is no shuffle), one vpermb puts into byte s
+ * of dword L the byte holding the nibble of step s (element 8s + L % 8 of row L / 8); the odd lanes (high nibbles)
+ * shift right by 4, one vpternlogd keeps the nibble and sets bit 4 for row b; then per step s vpermt2ps on bits 0..4
+ * of (that >> 8s) looks the value up in the two rows' 16-entry tables 2 * e2m1 * half block scale (fp4_lut: the
+ * products the other paths compute per element, the same float32 multiplications). */
+static const uint8_t QOZ_FP4_IDX[64] = { /* byte s of dword L: byte 4s + (L % 8) / 2 of row L / 8 (b at 16) */
+#define QOZ_L(s, L) (uint8_t)(((L) / 8) * 16 + 4 * (s) + ((L) % 8) / 2)
 #define QOZ_D(L) QOZ_L(0, L), QOZ_L(1, L), QOZ_L(2, L), QOZ_L(3, L)
     QOZ_D(0), QOZ_D(1), QOZ_D(2), QOZ_D(3), QOZ_D(4), QOZ_D(5), QOZ_D(6), QOZ_D(7), QOZ_D(8), QOZ_D(9), QOZ_D(10),
     QOZ_D(11), QOZ_D(12), QOZ_D(13), QOZ_D(14), QOZ_D(15)};
@@ -819,28 +820,6 @@ static const uint8_t QOZ_FP4_IDX[64] = { /* byte s of dword L: byte 4s + (L % 8)
 
 #define QOZ_VBMI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")))
 #define QOZ_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
-static inline QOZ_VBMI void qoz_fp4_pair_vbmi(const int fmt, const float* lut, const uint8_t* ra, const uint8_t* rb,
-                                              const uint8_t* sa, const uint8_t* sb, int64_t k, __m512 out[4]) {
-  const __m512i xa = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)(ra + k / 2)));
-  const __m512i xb = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)(rb + k / 2)));
-  __m512i idx = _mm512_permutex2var_epi8(xa, _mm512_loadu_si512((const void*)QOZ_FP4_IDX), xb);
-  idx = _mm512_mask_srli_epi32(idx, 0xAAAA, idx, 4); /* odd lanes: the high nibbles */
-  idx = _mm512_ternarylogic_epi32(idx, _mm512_set1_epi8(0x0F), /* (idx & 0x0F) | 0x10 in row b's lanes */
-                                  _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0x10101010, 0x10101010, 0x10101010,
-                                                    0x10101010, 0x10101010, 0x10101010, 0x10101010, 0x10101010),
-                                  0xEA);
-  const int64_t b = k / qo_block_of(fmt);
-  const __m512i i1 = _mm512_srli_epi32(idx, 8), i2 = _mm512_srli_epi32(idx, 16), i3 = _mm512_srli_epi32(idx, 24);
-  __m512 ta = _mm512_loadu_ps(lut + 16 * (size_t)sa[b]), tb = _mm512_loadu_ps(lut + 16 * (size_t)sb[b]);
-  out[0] = _mm512_permutex2var_ps(ta, idx, tb);
-  out[1] = _mm512_permutex2var_ps(ta, i1, tb);
-  if (fmt == QO_W_NVFP4) {
-    ta = _mm512_loadu_ps(lut + 16 * (size_t)sa[b + 1]);
-    tb = _mm512_loadu_ps(lut + 16 * (size_t)sb[b + 1]);
-  }
-  out[2] = _mm512_permutex2var_ps(ta, i2, tb);
-  out[3] = _mm512_permutex2var_ps(ta, i3, tb);
-}
 
 /* FP8 / INT8 elements k..k+31 of rows a and b (as qoz_dec32_pair) by byte permutes (needs AVX512_VBMI), rows a and
  * b as bytes 0..31 and 32..63 of one zmm, no branch.
@@ -885,41 +864,17 @@ static inline QOZ_VBMI void qoz_byte_pair_vbmi(const int fmt, const uint8_t* ra,
         0xCCCCCCCCCCCCCCCCULL, lo, _mm512_loadu_si512((const void*)QOZ_FP8_IDX[s]), hi));
 }
 
-/* GEMV tile: mr activation rows (all of M) x np weight-row pairs starting at n. */
-QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* job, int64_t n, const int vbmi,
-                             const float* lut) {
+/* The end of a GEMV tile from element k on (k % 8 == 0): the remaining 8-element steps, the K % 8 tail, the fold. */
+QO_INLINE void qoz_gemv_finish(const int fmt, const int mr, const int np, qo_job* job, int64_t n, int64_t k,
+                               __m512 acc[4][4]) {
   const qo_weight* w = job->w;
   const int64_t K = job->K, K8 = K & ~(int64_t)(QO_LANES - 1);
   const float* A = job->A;
   const uint8_t* rows[8];
   const uint8_t* srows[8];
-  __m512 acc[4][4];
   for (int r = 0; r < 2 * np; ++r) {
     rows[r] = w->data + (n + r) * w->row_bytes;
     srows[r] = w->scales ? w->scales + (n + r) * w->scales_per_row : NULL;
-  }
-  for (int p = 0; p < np; ++p)
-    for (int i = 0; i < mr; ++i) acc[i][p] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 32 <= K8; k += 32) {
-    __m512 x[4][4];
-    for (int i = 0; i < mr; ++i)
-      for (int s = 0; s < 4; ++s) x[i][s] = _mm512_broadcast_f32x8(_mm256_loadu_ps(A + i * K + k + 8 * s));
-    if (QO_GEMV_PF && (qo_row_offset(fmt, k) & 63) == 0) { /* one prefetch per 64 bytes of each row */
-      const int64_t ahead = qo_pf_ahead(qo_row_offset(fmt, k), w->row_bytes, 2 * np);
-      for (int r = 0; r < 2 * np; ++r) _mm_prefetch((const char*)rows[r] + ahead, _MM_HINT_T0);
-    }
-    for (int p = 0; p < np; ++p) {
-      __m512 wv[4];
-      if (vbmi && (fmt == QO_W_FP8 || fmt == QO_W_INT8))
-        qoz_byte_pair_vbmi(fmt, rows[2 * p], rows[2 * p + 1], k, wv);
-      else if (vbmi)
-        qoz_fp4_pair_vbmi(fmt, lut, rows[2 * p], rows[2 * p + 1], srows[2 * p], srows[2 * p + 1], k, wv);
-      else
-        qoz_dec32_pair(fmt, w, rows[2 * p], rows[2 * p + 1], srows[2 * p], srows[2 * p + 1], k, wv);
-      for (int s = 0; s < 4; ++s)
-        for (int i = 0; i < mr; ++i) acc[i][p] = _mm512_fmadd_ps(x[i][s], wv[s], acc[i][p]);
-    }
   }
   for (; k < K8; k += 8)
     for (int p = 0; p < np; ++p) {
@@ -947,25 +902,194 @@ QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* 
     }
 }
 
+/* GEMV tile: mr activation rows (all of M) x np weight-row pairs starting at n. */
+QO_INLINE void qoz_gemv_tile(const int fmt, const int mr, const int np, qo_job* job, int64_t n, const int vbmi) {
+  const qo_weight* w = job->w;
+  const int64_t K = job->K, K8 = K & ~(int64_t)(QO_LANES - 1);
+  const float* A = job->A;
+  const uint8_t* rows[8];
+  const uint8_t* srows[8];
+  __m512 acc[4][4];
+  for (int r = 0; r < 2 * np; ++r) {
+    rows[r] = w->data + (n + r) * w->row_bytes;
+    srows[r] = w->scales ? w->scales + (n + r) * w->scales_per_row : NULL;
+  }
+  for (int p = 0; p < np; ++p)
+    for (int i = 0; i < mr; ++i) acc[i][p] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K8; k += 32) {
+    __m512 x[4][4];
+    for (int i = 0; i < mr; ++i)
+      for (int s = 0; s < 4; ++s) x[i][s] = _mm512_broadcast_f32x8(_mm256_loadu_ps(A + i * K + k + 8 * s));
+    if (QO_GEMV_PF && (qo_row_offset(fmt, k) & 63) == 0) { /* one prefetch per 64 bytes of each row */
+      const int64_t ahead = qo_pf_ahead(qo_row_offset(fmt, k), w->row_bytes, 2 * np);
+      for (int r = 0; r < 2 * np; ++r) _mm_prefetch((const char*)rows[r] + ahead, _MM_HINT_T0);
+    }
+    for (int p = 0; p < np; ++p) {
+      __m512 wv[4];
+      if (vbmi)
+        qoz_byte_pair_vbmi(fmt, rows[2 * p], rows[2 * p + 1], k, wv);
+      else
+        qoz_dec32_pair(fmt, w, rows[2 * p], rows[2 * p + 1], srows[2 * p], srows[2 * p + 1], k, wv);
+      for (int s = 0; s < 4; ++s)
+        for (int i = 0; i < mr; ++i) acc[i][p] = _mm512_fmadd_ps(x[i][s], wv[s], acc[i][p]);
+    }
+  }
+  qoz_gemv_finish(fmt, mr, np, job, n, k, acc);
+}
+
+/* MXFP4 / NVFP4 GEMV by permutes (AVX512_VBMI; the decode above QOZ_FP4_IDX): `steps` steps of 32 elements of the
+ * 2 * np weight rows from w0 (row stride rb, scale rows from s0, stride sb) into acc, the same FMAs in the same order
+ * as qoz_gemv_tile. Cache-resident, the loop is bound by the vector uops and the loads it issues (the two 512-bit
+ * ports and the load ports; measured on an Intel Xeon by dropping parts of it, no PMU in that guest: without the
+ * table loads a step of two rows took 8.3 cycles instead of 11), so it is written for few of both: the rows (and
+ * scale rows) as three base pointers + multiples of the stride (rows 0, 1, 2, 4 from w0, 3, 5, 7 from w3, 6 from
+ * w6: base + index * 1/2/4 addressing), advanced each step, in a function of its own (inlined into the tile, gcc
+ * reloaded 9 row pointers per step from the stack or from xmm registers, the latter on port 0; now 3); one table
+ * load per row and block (qoz_fp4_table). */
+#define QOZ_ROW(b0, b3, b6, st, r) \
+  ((r) == 0 ? (b0) : (r) == 1 ? (b0) + (st) : (r) == 2 ? (b0) + 2 * (st) : (r) == 3 ? (b3) : (r) == 4 ? (b0) + 4 * (st) \
+   : (r) == 5 ? (b3) + 2 * (st) : (r) == 6 ? (b6) : (b3) + 4 * (st))
+/* The 16-float table of block-scale code c: lut + 16 * c, the offset by imul (port 1; a shift would take a slot of
+ * ports 0 / 6 from the vector work) with an immediate (no register for the stride). */
+QO_INLINE __m512 qoz_fp4_table(const float* lut, const uint8_t* code) {
+  uint64_t offset = *code;
+  __asm__("imul $64, %0, %0" : "+r"(offset));
+  return _mm512_loadu_ps((const float*)((const char*)lut + offset));
+}
+
+/* One 32-element step of qoz_fp4_steps, the rows' pointers advanced past it. */
+QO_INLINE QOZ_VBMI void qoz_fp4_step(const int fmt, const int mr, const int np, const float* a, int64_t K,
+                                     const uint8_t* w[3], int64_t rb, const uint8_t* sc[3], int64_t sb,
+                                     const float* lut, int64_t ahead, int64_t sahead, __m512 acc[4][4]) {
+  const __m512i gather = _mm512_loadu_si512((const void*)QOZ_FP4_IDX), nibble = _mm512_set1_epi8(0x0F);
+  const __m512i row_b = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0x10101010, 0x10101010, 0x10101010, 0x10101010,
+                                          0x10101010, 0x10101010, 0x10101010, 0x10101010);
+  __m512 x[4][4];
+  for (int i = 0; i < mr; ++i)
+    for (int s = 0; s < 4; ++s) x[i][s] = _mm512_broadcast_f32x8(_mm256_loadu_ps(a + i * K + 8 * s));
+  if (QO_GEMV_PF && ((uintptr_t)w[0] & 48) == 0) { /* every 4th step: 64 bytes of each row */
+    for (int r = 0; r < 2 * np; ++r) _mm_prefetch((const char*)QOZ_ROW(w[0], w[1], w[2], rb, r) + ahead, _MM_HINT_T0);
+    if (((uintptr_t)w[0] & (fmt == QO_W_NVFP4 ? 448 : 960)) == 0) /* and 64 bytes of each scale row */
+      for (int r = 0; r < 2 * np; ++r)
+        _mm_prefetch((const char*)QOZ_ROW(sc[0], sc[1], sc[2], sb, r) + sahead, _MM_HINT_T0);
+  }
+  for (int p = 0; p < np; ++p) {
+    const uint8_t* ra = QOZ_ROW(w[0], w[1], w[2], rb, 2 * p);
+    const uint8_t* rb_ = QOZ_ROW(w[0], w[1], w[2], rb, 2 * p + 1);
+    const uint8_t* sa = QOZ_ROW(sc[0], sc[1], sc[2], sb, 2 * p);
+    const uint8_t* sb_ = QOZ_ROW(sc[0], sc[1], sc[2], sb, 2 * p + 1);
+    const __m256i ab = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)ra)),
+                                               _mm_loadu_si128((const __m128i*)rb_), 1);
+    __m512i idx = _mm512_permutexvar_epi8(gather, _mm512_castsi256_si512(ab));
+    idx = _mm512_mask_srli_epi32(idx, 0xAAAA, idx, 4);         /* odd lanes: the high nibbles */
+    idx = _mm512_ternarylogic_epi32(idx, nibble, row_b, 0xEA); /* (idx & 0x0F) | 0x10 in row b's lanes */
+    const __m512i i1 = _mm512_srli_epi32(idx, 8), i2 = _mm512_srli_epi32(idx, 16), i3 = _mm512_srli_epi32(idx, 24);
+    __m512 ta = qoz_fp4_table(lut, sa), tb = qoz_fp4_table(lut, sb_);
+    __m512 wv[4];
+    wv[0] = _mm512_permutex2var_ps(ta, idx, tb);
+    wv[1] = _mm512_permutex2var_ps(ta, i1, tb);
+    if (fmt == QO_W_NVFP4) {
+      ta = qoz_fp4_table(lut, sa + 1);
+      tb = qoz_fp4_table(lut, sb_ + 1);
+    }
+    wv[2] = _mm512_permutex2var_ps(ta, i2, tb);
+    wv[3] = _mm512_permutex2var_ps(ta, i3, tb);
+    for (int s = 0; s < 4; ++s)
+      for (int i = 0; i < mr; ++i) acc[i][p] = _mm512_fmadd_ps(x[i][s], wv[s], acc[i][p]);
+  }
+  for (int j = 0; j < 3; ++j) w[j] += 16, sc[j] += fmt == QO_W_NVFP4 ? 2 : 1;
+}
+
+QO_INLINE QOZ_VBMI void qoz_fp4_steps(const int fmt, const int mr, const int np, const float* A, int64_t K,
+                                      int64_t steps, const uint8_t* w0, int64_t rb, const uint8_t* s0, int64_t sb,
+                                      const float* lut, __m512 acc_io[4][4]) {
+  const uint8_t* w[3] = {w0, np > 1 ? w0 + 3 * rb : w0, np > 3 ? w0 + 6 * rb : w0};
+  const uint8_t* sc[3] = {s0, np > 1 ? s0 + 3 * sb : s0, np > 3 ? s0 + 6 * sb : s0};
+  __m512 acc[4][4];
+  for (int p = 0; p < np; ++p)
+    for (int i = 0; i < mr; ++i) acc[i][p] = acc_io[i][p];
+  /* prefetch QO_GEMV_PF bytes ahead, or once that is past the rows' end, the same place in the next tile's rows
+   * (qo_pf_ahead): two loops, so that neither tests which; the scale rows likewise, at the scales of the same
+   * elements (cold-cache NVFP4 4096x4096: +2-6 % in each of 6 interleaved runs) */
+  const int64_t near_steps = QO_GEMV_PF < rb ? (rb - QO_GEMV_PF + 15) / 16 : 0;
+  const int64_t spf = QO_GEMV_PF * (fmt == QO_W_NVFP4 ? 2 : 1) / 16; /* the block scales of the same elements */
+  const float* const a_near = A + 32 * (near_steps < steps ? near_steps : steps);
+  const float* const a_end = A + 32 * steps;
+  const float* a = A;
+  for (; a < a_near; a += 32) qoz_fp4_step(fmt, mr, np, a, K, w, rb, sc, sb, lut, QO_GEMV_PF, spf, acc);
+  for (; a < a_end; a += 32)
+    qoz_fp4_step(fmt, mr, np, a, K, w, rb, sc, sb, lut, QO_GEMV_PF + (2 * np - 1) * rb, spf + (2 * np - 1) * sb, acc);
+  for (int p = 0; p < np; ++p)
+    for (int i = 0; i < mr; ++i) acc_io[i][p] = acc[i][p];
+}
+#undef QOZ_ROW
+
+typedef void (*qoz_fp4_steps_fn)(const float*, int64_t, int64_t, const uint8_t*, int64_t, const uint8_t*, int64_t,
+                                 const float*, __m512[4][4]);
+#define QOZ_FP4_STEPS(F, name, MR, NP)                                                                              \
+  static QOZ_VBMI __attribute__((noinline)) void qoz_fp4_steps_##name##_##MR##x##NP(                               \
+      const float* A, int64_t K, int64_t steps, const uint8_t* w0, int64_t rb, const uint8_t* s0, int64_t sb,       \
+      const float* lut, __m512 acc[4][4]) {                                                                         \
+    qoz_fp4_steps(F, MR, NP, A, K, steps, w0, rb, s0, sb, lut, acc);                                                \
+  }
+#define QOZ_FP4_STEPS_ALL(F, name) \
+  QOZ_FP4_STEPS(F, name, 1, 4) QOZ_FP4_STEPS(F, name, 2, 4) QOZ_FP4_STEPS(F, name, 3, 2) \
+  QOZ_FP4_STEPS(F, name, 4, 2) QOZ_FP4_STEPS(F, name, 1, 1) QOZ_FP4_STEPS(F, name, 2, 1) \
+  QOZ_FP4_STEPS(F, name, 3, 1) QOZ_FP4_STEPS(F, name, 4, 1)
+QOZ_FP4_STEPS_ALL(QO_W_MXFP4, mxfp4)
+QOZ_FP4_STEPS_ALL(QO_W_NVFP4, nvfp4)
+#undef QOZ_FP4_STEPS_ALL
+#undef QOZ_FP4_STEPS
+/* [format is NVFP4][mr - 1][np == 1] (np = 4 for mr 1, 2; 2 for mr 3, 4: qoz_gemv_rows) */
+static const qoz_fp4_steps_fn qoz_fp4_steps_by_shape[2][4][2] = {
+    {{qoz_fp4_steps_mxfp4_1x4, qoz_fp4_steps_mxfp4_1x1}, {qoz_fp4_steps_mxfp4_2x4, qoz_fp4_steps_mxfp4_2x1},
+     {qoz_fp4_steps_mxfp4_3x2, qoz_fp4_steps_mxfp4_3x1}, {qoz_fp4_steps_mxfp4_4x2, qoz_fp4_steps_mxfp4_4x1}},
+    {{qoz_fp4_steps_nvfp4_1x4, qoz_fp4_steps_nvfp4_1x1}, {qoz_fp4_steps_nvfp4_2x4, qoz_fp4_steps_nvfp4_2x1},
+     {qoz_fp4_steps_nvfp4_3x2, qoz_fp4_steps_nvfp4_3x1}, {qoz_fp4_steps_nvfp4_4x2, qoz_fp4_steps_nvfp4_4x1}}};
+
+/* MXFP4 / NVFP4 GEMV tile by permutes: the 32-element steps (qoz_fp4_steps), then qoz_gemv_finish. */
+static inline QOZ_VBMI void qoz_fp4_tile_vbmi(const int fmt, const int mr, const int np, qo_job* job, int64_t n,
+                                              const float* lut) {
+  const qo_weight* w = job->w;
+  const int64_t K = job->K, steps = (K & ~(int64_t)(QO_LANES - 1)) / 32;
+  __m512 acc[4][4];
+  for (int p = 0; p < np; ++p)
+    for (int i = 0; i < mr; ++i) acc[i][p] = _mm512_setzero_ps();
+  qoz_fp4_steps_by_shape[fmt == QO_W_NVFP4][mr - 1][np == 1](job->A, K, steps, w->data + n * w->row_bytes,
+                                                              w->row_bytes, w->scales + n * w->scales_per_row,
+                                                              w->scales_per_row, lut, acc);
+  qoz_gemv_finish(fmt, mr, np, job, n, 32 * steps, acc);
+}
+
+/* One tile of either kind. */
+QO_INLINE void qoz_gemv_any(const int fmt, const int mr, const int np, qo_job* job, int64_t n, const int vbmi,
+                            const float* lut) {
+  if (vbmi && (fmt == QO_W_MXFP4 || fmt == QO_W_NVFP4))
+    qoz_fp4_tile_vbmi(fmt, mr, np, job, n, lut);
+  else
+    qoz_gemv_tile(fmt, mr, np, job, n, vbmi);
+}
+
 QO_INLINE void qoz_gemv_rows(const int fmt, qo_job* job, int64_t n0, int64_t n1, const int vbmi) {
   int64_t n = n0;
   const float* lut = vbmi && (fmt == QO_W_MXFP4 || fmt == QO_W_NVFP4) ? fp4_lut(job->w) : NULL;
   switch (job->M) {
     case 1:
-      for (; n + 8 <= n1; n += 8) qoz_gemv_tile(fmt, 1, 4, job, n, vbmi, lut);
-      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 1, 1, job, n, vbmi, lut);
+      for (; n + 8 <= n1; n += 8) qoz_gemv_any(fmt, 1, 4, job, n, vbmi, lut);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_any(fmt, 1, 1, job, n, vbmi, lut);
       break;
     case 2:
-      for (; n + 8 <= n1; n += 8) qoz_gemv_tile(fmt, 2, 4, job, n, vbmi, lut);
-      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 2, 1, job, n, vbmi, lut);
+      for (; n + 8 <= n1; n += 8) qoz_gemv_any(fmt, 2, 4, job, n, vbmi, lut);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_any(fmt, 2, 1, job, n, vbmi, lut);
       break;
     case 3:
-      for (; n + 4 <= n1; n += 4) qoz_gemv_tile(fmt, 3, 2, job, n, vbmi, lut);
-      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 3, 1, job, n, vbmi, lut);
+      for (; n + 4 <= n1; n += 4) qoz_gemv_any(fmt, 3, 2, job, n, vbmi, lut);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_any(fmt, 3, 1, job, n, vbmi, lut);
       break;
     default:
-      for (; n + 4 <= n1; n += 4) qoz_gemv_tile(fmt, 4, 2, job, n, vbmi, lut);
-      for (; n + 2 <= n1; n += 2) qoz_gemv_tile(fmt, 4, 1, job, n, vbmi, lut);
+      for (; n + 4 <= n1; n += 4) qoz_gemv_any(fmt, 4, 2, job, n, vbmi, lut);
+      for (; n + 2 <= n1; n += 2) qoz_gemv_any(fmt, 4, 1, job, n, vbmi, lut);
       break;
   }
   for (; n < n1; ++n) avx_gemv_tile(fmt, (int)job->M, 1, job, n); /* an odd last row: the AVX2 tile, same order */
