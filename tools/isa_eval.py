@@ -3,6 +3,10 @@ instruction sets (run natively or under qemu-x86_64 -cpu MODEL; docs/real_model_
 
     python tools/isa_eval.py ONNX_DIR EXPORT_DIR OUT.npz [--reference reference.npz] [--greedy]
     python tools/isa_eval.py --figures EXPORT_DIR OUT.npz [--reference ...]   # the real-model test's figures
+    python tools/qemu_user.py Haswell tools/isa_eval.py ONNX_DIR EXPORT_DIR OUT.npz  # an AVX2 CPU under QEMU
+
+tools/qemu_user.py is `qemu-x86_64 -cpu MODEL $(which python)` plus an FMA shim for QEMU itself, without which the
+emulated FMAs run about 6x slower on Intel hosts (96 tokens took over 20 minutes there; tools/qemu_fma_shim.c).
 """
 from __future__ import annotations
 
