@@ -2,13 +2,16 @@
  *
  * QEMU 7.2's softfloat computes each emulated FMA lane (float32_muladd / float64_muladd, fpu/softfloat.c hardfloat
  * path) by calling the host libm's fmaf / fma, which glibc resolves to __fmaf_fma3 / __fma_fma3 (VEX encoded).
- * QEMU itself is built for baseline x86-64 (legacy SSE), and its TCG code leaves the upper halves of the host's
- * YMM registers dirty when it calls the helper. On the Intel Xeon we measured, every SSE -> VEX -> SSE round trip
- * in that state costs about 130 ns instead of 2 ns, so an emulated AVX2 FMA (8 lanes) costs about 1 us and the
- * real-model check under `-cpu Haswell` ran 6x+ slower than on AMD Zen (which has no such penalty).
+ * QEMU itself is built for baseline x86-64 (legacy SSE), and it reaches the helper with the upper halves of the
+ * host's YMM registers dirty (XINUSE bit 2, read with XGETBV(1) in a counting variant of this shim: set on 6 % of
+ * the calls even with the VZEROUPPER below, so something re-dirties them between calls; TCG's host AVX2 code for
+ * the guest's 256-bit ops, presumably). Nothing cleans them without this shim (glibc's __fmaf_fma3 is a bare
+ * vfmadd). On the Intel Xeon we measured (docs/real_model_numerics.md), an SSE -> VEX -> SSE round trip in that
+ * state costs about 130 ns instead of 2-6 ns, so an emulated 8-lane AVX2 FMA costs about 1 us: the real-model
+ * check under `-cpu Haswell` did not finish in 20 minutes there, where AMD Zen 5 took 130-240 s.
  * VZEROUPPER first makes the state clean; the result is the same FMA instruction's (intrinsics, so that no
- * compiler turns the body back into a call to fmaf). The upper YMM halves are
- * call-clobbered in the SysV ABI, so clearing them in a callee is what every compiler does at a VEX function's end.
+ * compiler turns the body back into a call to fmaf). The upper YMM halves are call-clobbered in the SysV ABI, so
+ * clearing them in a callee is what every compiler does at the end of a VEX function.
  */
 #include <immintrin.h>
 
