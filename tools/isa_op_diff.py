@@ -3,6 +3,7 @@ output depends on the instruction set (issue 21; docs/real_model_numerics.md).
 
     python tools/isa_op_diff.py dump ONNX_DIR EXPORT_DIR OUT.npz [--tokens N] [--threads N]   # natively
     qemu-x86_64 -cpu Haswell $(which python) tools/isa_op_diff.py dump ... OUT_HSW.npz  # AVX2 + FMA (QEMU TCG)
+    # (on an Intel host: python tools/qemu_user.py Haswell tools/isa_op_diff.py dump ...; tools/qemu_fma_shim.c)
     python tools/isa_op_diff.py diff A.npz B.npz [--all]     # the first differing node, in topological order
 
 dump: a plain ONNX Runtime session (no onnxruntime-genai) on ONNX_DIR/model.onnx with the custom-op library and

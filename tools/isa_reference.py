@@ -6,6 +6,7 @@ run end to end on another instruction set (docs/real_model_numerics.md).
 
     python tools/isa_reference.py EXPORT_DIR OUT.npz
     qemu-x86_64 -cpu Haswell $(which python) tools/isa_reference.py EXPORT_DIR OUT.npz   # an AVX2-only CPU
+    python tools/qemu_user.py Haswell tools/isa_reference.py EXPORT_DIR OUT.npz  # the same, fast on Intel hosts
 
 Weight-only and linear-activation schemes only: the importer (quark.torch.import_model_from_safetensors) rebuilds
 Quark's model from the files; attention schemes need the in-memory quantization of tests/real_model.py.
@@ -30,7 +31,8 @@ def main(argv=None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
-        print(__doc__.strip().splitlines()[-5], file=sys.stderr)
+        print(next(ln for ln in __doc__.splitlines() if ln.strip().startswith("python tools/isa_reference.py")),
+              file=sys.stderr)
         return 2
     export, out = Path(argv[0]), Path(argv[1])
     recipe = json.loads((export / "info.json").read_text())["recipe"]
