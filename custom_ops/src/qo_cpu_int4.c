@@ -451,12 +451,80 @@ I4_INLINE void gemv512(const i4_job* j, int64_t n, const int R, const int MM, co
     for (int m = 0; m < MM; ++m) j->Y[m * j->N + n + r] = fold_avx512(acc[r][m][0], acc[r][m][1]);
 }
 
+/* one group of block 32 (16 bytes of each of the R rows at byte offset off, the zero point in the low (half 0) or
+ * the high (half 1) nibble of the rows' zero-point byte zb_off) for gemv512_g32 */
+I4_INLINE void g32_group(__m512 acc[8][6][2], const uint8_t* p, int64_t rb, const uint8_t* zp, int64_t zb,
+                         int64_t zb_off, const float* sc, int64_t kb, int64_t b, const float* a, int64_t Kc, int64_t off,
+                         const int half, const int R, const int MM, const int first_decode) {
+  __m512 t[8];
+  for (int r = 0; r < R; ++r) {
+    const unsigned z = zp ? (half ? zp[r * zb + zb_off] >> 4 : zp[r * zb + zb_off] & 0x0F) : 8;
+    t[r] = group_table_z(z, sc + r * kb + b);
+  }
+  if (first_decode) {
+    __m512 we[8], wo[8];
+    for (int r = 0; r < R; ++r) {
+      const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(p + r * rb + off)));
+      we[r] = _mm512_permutexvar_ps(idx, t[r]);
+      wo[r] = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t[r]);
+    }
+    for (int m = 0; m < MM; ++m) {
+      const __m512 xe = _mm512_loadu_ps(a + m * Kc + 2 * off), xo = _mm512_loadu_ps(a + m * Kc + 2 * off + 16);
+      for (int r = 0; r < R; ++r) {
+        acc[r][m][0] = _mm512_fmadd_ps(xe, we[r], acc[r][m][0]);
+        acc[r][m][1] = _mm512_fmadd_ps(xo, wo[r], acc[r][m][1]);
+      }
+    }
+    return;
+  }
+  __m512 xe[4], xo[4];
+  for (int m = 0; m < MM; ++m) {
+    xe[m] = _mm512_loadu_ps(a + m * Kc + 2 * off);
+    xo[m] = _mm512_loadu_ps(a + m * Kc + 2 * off + 16);
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(p + r * rb + off)));
+    const __m512 we = _mm512_permutexvar_ps(idx, t[r]);
+    const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t[r]);
+    for (int m = 0; m < MM; ++m) {
+      acc[r][m][0] = _mm512_fmadd_ps(xe[m], we, acc[r][m][0]);
+      acc[r][m][1] = _mm512_fmadd_ps(xo[m], wo, acc[r][m][1]);
+    }
+  }
+}
+
+/* gemv512 for block 32: two groups (32 bytes of each row, one zero-point byte) per step, rows addressed from one
+ * base (row r at r * row_bytes); the same operations in the same order as gemv512 */
+I4_INLINE void gemv512_g32(const i4_job* j, int64_t n, const int R, const int MM, const int first_decode) {
+  __m512 acc[8][6][2];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MM; ++m) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
+  const int64_t kb = j->k_blocks, Kc = j->Kc, rb = j->row_bytes, zb = j->zp_row_bytes;
+  const uint8_t* p = j->B + n * rb;
+  const float* sc = j->scales + n * kb;
+  const uint8_t* zp = j->zp ? j->zp + n * zb : NULL;
+  const float* a = j->ad;
+  int64_t b = 0;
+  for (; b + 2 <= kb; b += 2) {
+    const int64_t off = b * 16;
+    if ((off & 63) == 0) { /* as gemv512: I4_PREFETCH ahead, past the row's end the next tile's row r */
+      const int64_t ahead = off + I4_PREFETCH < rb ? I4_PREFETCH : I4_PREFETCH + (R - 1) * rb;
+      for (int r = 0; r < R; ++r) _mm_prefetch((const char*)p + r * rb + off + ahead, _MM_HINT_T0);
+    }
+    g32_group(acc, p, rb, zp, zb, b >> 1, sc, kb, b, a, Kc, off, 0, R, MM, first_decode);
+    g32_group(acc, p, rb, zp, zb, b >> 1, sc, kb, b + 1, a, Kc, off + 16, 1, R, MM, first_decode);
+  }
+  if (b < kb) g32_group(acc, p, rb, zp, zb, b >> 1, sc, kb, b, a, Kc, b * 16, 0, R, MM, first_decode);
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MM; ++m) j->Y[m * j->N + n + r] = fold_avx512(acc[r][m][0], acc[r][m][1]);
+}
+
 /* rows [n, n1) of the job at M = MM, R rows per tile then single rows */
 #define I4_GEMV512(R, MM, FD)                                                                \
   do {                                                                                        \
     if (j->block == 32) {                                                                     \
-      for (; n + R <= n1; n += R) gemv512(j, n, R, MM, 16, FD);                               \
-      for (; n < n1; ++n) gemv512(j, n, 1, MM, 16, FD);                                       \
+      for (; n + R <= n1; n += R) gemv512_g32(j, n, R, MM, FD);                               \
+      for (; n < n1; ++n) gemv512_g32(j, n, 1, MM, FD);                                       \
     } else {                                                                                  \
       for (; n + R <= n1; n += R) gemv512(j, n, R, MM, j->block / 2, FD);                     \
       for (; n < n1; ++n) gemv512(j, n, 1, MM, j->block / 2, FD);                             \
