@@ -52,6 +52,9 @@
 #ifndef I4_PREFETCH
 #define I4_PREFETCH 1024  /* GEMV: bytes ahead of each weight row's read, prefetched (more misses in flight) */
 #endif
+#ifndef I4_PREFETCH512
+#define I4_PREFETCH512 4096 /* the same for the block-32 AVX-512 GEMV (measured, M = 1 from L3 / DRAM: 1.15x 1024) */
+#endif
 #ifndef I4_KC
 #define I4_KC 1024 /* K block of the prefill tiles (partial sums kept between blocks) */
 #endif
@@ -508,7 +511,7 @@ I4_INLINE void gemv512_g32(const i4_job* j, int64_t n, const int R, const int MM
   for (; b + 2 <= kb; b += 2) {
     const int64_t off = b * 16;
     if ((off & 63) == 0) { /* as gemv512: I4_PREFETCH ahead, past the row's end the next tile's row r */
-      const int64_t ahead = off + I4_PREFETCH < rb ? I4_PREFETCH : I4_PREFETCH + (R - 1) * rb;
+      const int64_t ahead = off + I4_PREFETCH512 < rb ? I4_PREFETCH512 : I4_PREFETCH512 + (R - 1) * rb;
       for (int r = 0; r < R; ++r) _mm_prefetch((const char*)p + r * rb + off + ahead, _MM_HINT_T0);
     }
     g32_group(acc, p, rb, zp, zb, b >> 1, sc, kb, b, a, Kc, off, 0, R, MM, first_decode);
@@ -534,7 +537,7 @@ I4_INLINE void gemv512_g32(const i4_job* j, int64_t n, const int R, const int MM
 static void gemv_avx512_task(i4_job* j, int64_t n0, int64_t n1) {
   int64_t n = n0;
   switch (j->M) { /* tiles: measured on a Xeon (AVX-512, 1 thread, [768, 2048] g32, L2-resident weight) */
-    case 1: I4_GEMV512(8, 1, 0); return;
+    case 1: I4_GEMV512(1, 1, 0); return; /* one sequential stream: from L3 / DRAM 1.2x 8 rows (L2: 0.8x) */
     case 2: I4_GEMV512(4, 2, 0); return;
     case 3: I4_GEMV512(2, 3, 0); return;
     case 4: I4_GEMV512(2, 4, 0); return;
