@@ -95,6 +95,9 @@ static void prepare_task(void* data, size_t index) {
 }
 
 #define QO_SCATTER_ROWS 16
+/* the preparation and the scatter run on the calling thread below this many floats (decode: each parallel section
+ * costs a wake-up of the pool, and on a busy machine a wait for a descheduled worker) */
+#define QO_SERIAL_BELOW (1 << 18)
 static void scatter_task(void* data, size_t index) { /* y_rows back to the pairs' places in Y */
   qo_experts_job* job = (qo_experts_job*)data;
   const int64_t N = job->N, r0 = (int64_t)index * QO_SCATTER_ROWS;
@@ -162,9 +165,13 @@ static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, 
       if (!a_prep) goto done;
       job->a_prep = a_prep;
       job->prep_offset = prep_offset;
-      status = qo_cpu_parallel_for(prepare_task, (size_t)n_used, job);
-      if (status != QO_OK) goto done;
-      status = QO_ERR_ALLOC;
+      if (pairs * K >= QO_SERIAL_BELOW) {
+        status = qo_cpu_parallel_for(prepare_task, (size_t)n_used, job);
+        if (status != QO_OK) goto done;
+        status = QO_ERR_ALLOC;
+      } else {
+        for (int64_t i = 0; i < n_used; ++i) prepare_task(job, (size_t)i);
+      }
     }
   }
   int64_t count = 0;
@@ -187,8 +194,11 @@ static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, 
   job->tasks = tasks;
   status = qo_cpu_parallel_for(expert_task, (size_t)count, job);
   if (status == QO_OK && job->failed) status = job->failed;
-  if (status == QO_OK)
-    status = qo_cpu_parallel_for(scatter_task, (size_t)((pairs + QO_SCATTER_ROWS - 1) / QO_SCATTER_ROWS), job);
+  const int64_t scatter_tasks = (pairs + QO_SCATTER_ROWS - 1) / QO_SCATTER_ROWS;
+  if (status == QO_OK && pairs * N >= QO_SERIAL_BELOW)
+    status = qo_cpu_parallel_for(scatter_task, (size_t)scatter_tasks, job);
+  else if (status == QO_OK)
+    for (int64_t i = 0; i < scatter_tasks; ++i) scatter_task(job, (size_t)i);
 done:
   free(offset);
   free(order);
