@@ -387,75 +387,11 @@ I4_INLINE __m512 group_table_z(unsigned z, const float* s) {
   return _mm512_mul_ps(_mm512_load_ps(i4_c_minus_z[z]), _mm512_set1_ps(*s));
 }
 
-/* GEMV: R weight rows x MM activation rows (2 accumulators each: the even and the odd lanes), groups of G bytes (a
- * constant 16 for block 32: no inner loop). Each row's bytes are read through a pointer advanced group by group, one
- * software prefetch per row per 64 bytes; a group's table is one multiply of a constant row (group_table_z).
- * first_decode = 0: the activations of a 32-chunk loaded once, then row by row decoded and multiplied (MM <= 4);
- * 1: the R rows' weights decoded first, then activation row by activation row (MM 5, 6: 2 MM R accumulators, 2 R
- * weights, 2 activations in registers). The order of the additions is the same either way. */
-I4_INLINE void gemv512(const i4_job* j, int64_t n, const int R, const int MM, const int64_t G,
-                       const int first_decode) {
-  __m512 acc[8][6][2]; /* [r][m][even, odd] */
-  const uint8_t* p[8];
-  for (int r = 0; r < R; ++r) {
-    p[r] = j->B + (n + r) * j->row_bytes;
-    for (int m = 0; m < MM; ++m) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
-  }
-  const float* a = j->ad;
-  const float* sc = j->scales + n * j->k_blocks;
-  const uint8_t* zp = j->zp ? j->zp + n * j->zp_row_bytes : NULL;
-  const int64_t kb = j->k_blocks, Kc = j->Kc, rb = j->row_bytes, zb = j->zp_row_bytes;
-  for (int64_t b = 0; b < kb; ++b) {
-    __m512 t[8];
-    for (int r = 0; r < R; ++r)
-      t[r] = group_table_z(zp ? (zp[r * zb + (b >> 1)] >> (4 * (b & 1))) & 0x0F : 8, sc + r * kb + b);
-    for (int64_t c = 0; c < G; c += 16) {
-      if (((b * G + c) & 63) == 0) {
-        /* I4_PREFETCH bytes ahead in the row; past its end, the same place in row r of the next tile (the rows
-         * of a tile are contiguous: row r's continuation is row r + 1, read by its own stream already) */
-        const int64_t ahead = b * G + c + I4_PREFETCH < rb ? I4_PREFETCH : I4_PREFETCH + (R - 1) * rb;
-        for (int r = 0; r < R; ++r) _mm_prefetch((const char*)p[r] + c + ahead, _MM_HINT_T0);
-      }
-      if (first_decode) {
-        __m512 we[8], wo[8];
-        for (int r = 0; r < R; ++r) {
-          const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(p[r] + c)));
-          we[r] = _mm512_permutexvar_ps(idx, t[r]);
-          wo[r] = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t[r]);
-        }
-        for (int m = 0; m < MM; ++m) {
-          const __m512 xe = _mm512_loadu_ps(a + m * Kc + 2 * c), xo = _mm512_loadu_ps(a + m * Kc + 2 * c + 16);
-          for (int r = 0; r < R; ++r) {
-            acc[r][m][0] = _mm512_fmadd_ps(xe, we[r], acc[r][m][0]);
-            acc[r][m][1] = _mm512_fmadd_ps(xo, wo[r], acc[r][m][1]);
-          }
-        }
-        continue;
-      }
-      __m512 xe[4], xo[4];
-      for (int m = 0; m < MM; ++m) {
-        xe[m] = _mm512_loadu_ps(a + m * Kc + 2 * c);
-        xo[m] = _mm512_loadu_ps(a + m * Kc + 2 * c + 16);
-      }
-      for (int r = 0; r < R; ++r) {
-        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(p[r] + c)));
-        const __m512 we = _mm512_permutexvar_ps(idx, t[r]); /* low 4 bits index: the low nibble */
-        const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t[r]);
-        for (int m = 0; m < MM; ++m) {
-          acc[r][m][0] = _mm512_fmadd_ps(xe[m], we, acc[r][m][0]);
-          acc[r][m][1] = _mm512_fmadd_ps(xo[m], wo, acc[r][m][1]);
-        }
-      }
-    }
-    for (int r = 0; r < R; ++r) p[r] += G;
-    a += 2 * G;
-  }
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < MM; ++m) j->Y[m * j->N + n + r] = fold_avx512(acc[r][m][0], acc[r][m][1]);
-}
-
 /* one group of block 32 (16 bytes of each of the R rows at byte offset off, the zero point in the low (half 0) or
- * the high (half 1) nibble of the rows' zero-point byte zb_off) for gemv512_g32 */
+ * the high (half 1) nibble of the rows' zero-point byte zb_off) for gemv512_g32: the group's tables, then
+ * first_decode = 0: the activations of the group loaded once, then row by row decoded and multiplied (MM <= 4);
+ * 1: the R rows' weights decoded first, then activation row by activation row (MM 5, 6: 2 MM R accumulators, 2 R
+ * weights, 2 activations in registers). The additions are the same either way. */
 I4_INLINE void g32_group(__m512 acc[8][6][2], const uint8_t* p, int64_t rb, const uint8_t* zp, int64_t zb,
                          int64_t zb_off, const float* sc, int64_t kb, int64_t b, const float* a, int64_t Kc, int64_t off,
                          const int half, const int R, const int MM, const int first_decode) {
@@ -496,8 +432,10 @@ I4_INLINE void g32_group(__m512 acc[8][6][2], const uint8_t* p, int64_t rb, cons
   }
 }
 
-/* gemv512 for block 32: two groups (32 bytes of each row, one zero-point byte) per step, rows addressed from one
- * base (row r at r * row_bytes); the same operations in the same order as gemv512 */
+/* GEMV at block 32: R weight rows x MM activation rows (2 accumulators each: the even and the odd lanes), two
+ * groups (32 bytes of each row, one zero-point byte) per step, rows addressed from one base (row r at r *
+ * row_bytes), one software prefetch per row per 64 bytes. Measured against the per-group loop kept below for other
+ * blocks (Xeon, 1 thread, [768, 2048], L2-resident): 1.25x at M = 4, 1.6x at M = 6. */
 I4_INLINE void gemv512_g32(const i4_job* j, int64_t n, const int R, const int MM, const int first_decode) {
   __m512 acc[8][6][2];
   for (int r = 0; r < R; ++r)
@@ -510,7 +448,7 @@ I4_INLINE void gemv512_g32(const i4_job* j, int64_t n, const int R, const int MM
   int64_t b = 0;
   for (; b + 2 <= kb; b += 2) {
     const int64_t off = b * 16;
-    if ((off & 63) == 0) { /* as gemv512: I4_PREFETCH ahead, past the row's end the next tile's row r */
+    if ((off & 63) == 0) { /* I4_PREFETCH512 ahead; past the row's end, the next tile's row r */
       const int64_t ahead = off + I4_PREFETCH512 < rb ? I4_PREFETCH512 : I4_PREFETCH512 + (R - 1) * rb;
       for (int r = 0; r < R; ++r) _mm_prefetch((const char*)p + r * rb + off + ahead, _MM_HINT_T0);
     }
@@ -522,27 +460,128 @@ I4_INLINE void gemv512_g32(const i4_job* j, int64_t n, const int R, const int MM
     for (int m = 0; m < MM; ++m) j->Y[m * j->N + n + r] = fold_avx512(acc[r][m][0], acc[r][m][1]);
 }
 
-/* rows [n, n1) of the job at M = MM, R rows per tile then single rows */
-#define I4_GEMV512(R, MM, FD)                                                                \
-  do {                                                                                        \
-    if (j->block == 32) {                                                                     \
-      for (; n + R <= n1; n += R) gemv512_g32(j, n, R, MM, FD);                               \
-      for (; n < n1; ++n) gemv512_g32(j, n, 1, MM, FD);                                       \
-    } else {                                                                                  \
-      for (; n + R <= n1; n += R) gemv512(j, n, R, MM, j->block / 2, FD);                     \
-      for (; n < n1; ++n) gemv512(j, n, 1, MM, j->block / 2, FD);                             \
-    }                                                                                         \
+/* rows [n, n1) of the job (block 32) at M = MM, R rows per tile then single rows */
+#define I4_GEMV512(R, MM, FD)                                           \
+  do {                                                                  \
+    for (; n + R <= n1; n += R) gemv512_g32(j, n, R, MM, FD);           \
+    for (; n < n1; ++n) gemv512_g32(j, n, 1, MM, FD);                   \
   } while (0)
+
+/* other block sizes (the tables built per group as before; not retuned) */
+/* the 16 decoded values of a group: T[c] = ((float)c - (float)z) * s */
+I4_INLINE __m512 group_table(int z, float s) {
+  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps((float)z)), _mm512_set1_ps(s));
+}
+
+/* M = 3, 4: every row indexed from the job each step (measured: 1.1-1.2x the tile below at these M) */
+I4_INLINE void gemv_avx512_rows_indexed(const i4_job* j, int64_t n, const int R, const int MM) {
+  __m512 acc[4][4][2]; /* [r][m][even, odd] */
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MM; ++m) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
+  const int64_t chunks = j->block / 32;
+  for (int64_t b = 0; b < j->k_blocks; ++b) {
+    __m512 t[4];
+    for (int r = 0; r < R; ++r) t[r] = group_table(zero_point(j, n + r, b), j->scales[(n + r) * j->k_blocks + b]);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t k = b * j->block + c * 32;
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* src = j->B + (n + r) * j->row_bytes + k / 2;
+        if ((k & 127) == 0) _mm_prefetch((const char*)src + I4_PREFETCH, _MM_HINT_T0);
+        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)src));
+        const __m512 we = _mm512_permutexvar_ps(idx, t[r]);  /* low 4 bits index: the low nibble */
+        const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t[r]);
+        for (int m = 0; m < MM; ++m) {
+          const float* a = j->ad + m * j->Kc + k;
+          acc[r][m][0] = _mm512_fmadd_ps(_mm512_loadu_ps(a), we, acc[r][m][0]);
+          acc[r][m][1] = _mm512_fmadd_ps(_mm512_loadu_ps(a + 16), wo, acc[r][m][1]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MM; ++m) j->Y[m * j->N + n + r] = fold_avx512(acc[r][m][0], acc[r][m][1]);
+}
+
+/* GEMV: R weight rows x MM activation rows (2 accumulators each: the even and the odd lanes). Each row's bytes
+ * are read through a pointer advanced group by group, one software prefetch per row per 64 bytes; the group's
+ * tables are built once per (row, group). Measured (Zen 5, M = 1, g128, L2-resident): 8 rows 1.4x the earlier
+ * 4-row tile that indexed every row from the job each step (its address arithmetic, not the permutes, bound it:
+ * the same loop with no permutes at all was only 1.14x faster); 12 rows 0.8x, 2 rows 1.0x. */
+I4_INLINE void gemv_avx512_rows(const i4_job* j, int64_t n, const int R, const int MM) {
+  __m512 acc[8][2][2]; /* [r][m][even, odd] */
+  const uint8_t* p[8];
+  for (int r = 0; r < R; ++r) {
+    p[r] = j->B + (n + r) * j->row_bytes;
+    for (int m = 0; m < MM; ++m) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
+  }
+  const float* a = j->ad;
+  const float* sc = j->scales + n * j->k_blocks;
+  const uint8_t* zp = j->zp ? j->zp + n * j->zp_row_bytes : NULL;
+  const int64_t kb = j->k_blocks, gbytes = j->block / 2, Kc = j->Kc, rb = j->row_bytes;
+  for (int64_t b = 0; b < kb; ++b) {
+    __m512 t[8];
+    for (int r = 0; r < R; ++r)
+      t[r] = group_table(zp ? (zp[r * j->zp_row_bytes + (b >> 1)] >> (4 * (b & 1))) & 0x0F : 8, sc[r * kb + b]);
+    for (int64_t c = 0; c < gbytes; c += 16) {
+      if ((c & 63) == 0) {
+        /* I4_PREFETCH bytes ahead in the row; past its end, the same place in row r of the next tile (the rows
+         * of a tile are contiguous: row r's continuation is row r + 1, read by its own stream already) */
+        const int64_t ahead = b * gbytes + c + I4_PREFETCH < rb ? I4_PREFETCH : I4_PREFETCH + (R - 1) * rb;
+        for (int r = 0; r < R; ++r) _mm_prefetch((const char*)p[r] + c + ahead, _MM_HINT_T0);
+      }
+      __m512 xe[2], xo[2];
+      for (int m = 0; m < MM; ++m) {
+        xe[m] = _mm512_loadu_ps(a + m * Kc + 2 * c);
+        xo[m] = _mm512_loadu_ps(a + m * Kc + 2 * c + 16);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(p[r] + c)));
+        const __m512 we = _mm512_permutexvar_ps(idx, t[r]); /* low 4 bits index: the low nibble */
+        const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t[r]);
+        for (int m = 0; m < MM; ++m) {
+          acc[r][m][0] = _mm512_fmadd_ps(xe[m], we, acc[r][m][0]);
+          acc[r][m][1] = _mm512_fmadd_ps(xo[m], wo, acc[r][m][1]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) p[r] += gbytes;
+    a += j->block;
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MM; ++m) j->Y[m * j->N + n + r] = fold_avx512(acc[r][m][0], acc[r][m][1]);
+}
 
 static void gemv_avx512_task(i4_job* j, int64_t n0, int64_t n1) {
   int64_t n = n0;
-  switch (j->M) { /* tiles: measured on a Xeon (AVX-512, 1 thread, [768, 2048] g32, L2-resident weight) */
-    case 1: I4_GEMV512(1, 1, 0); return; /* one sequential stream: from L3 / DRAM 1.2x 8 rows (L2: 0.8x) */
-    case 2: I4_GEMV512(4, 2, 0); return;
-    case 3: I4_GEMV512(2, 3, 0); return;
-    case 4: I4_GEMV512(2, 4, 0); return;
-    case 5: I4_GEMV512(2, 5, 1); return;
-    default: I4_GEMV512(2, 6, 1); return;
+  if (j->block == 32) {
+    switch (j->M) { /* tiles: measured on a Xeon (AVX-512, 1 thread, [768, 2048] g32) */
+      case 1: I4_GEMV512(1, 1, 0); return; /* one sequential stream: from L3 / DRAM 1.2x 8 rows (L2: 0.8x) */
+      case 2: I4_GEMV512(4, 2, 0); return;
+      case 3: I4_GEMV512(2, 3, 0); return;
+      case 4: I4_GEMV512(2, 4, 0); return;
+      case 5: I4_GEMV512(2, 5, 1); return;
+      default: I4_GEMV512(2, 6, 1); return;
+    }
+  }
+  switch (j->M) {
+    case 1:
+      for (; n + 8 <= n1; n += 8) gemv_avx512_rows(j, n, 8, 1);
+      for (; n + 2 <= n1; n += 2) gemv_avx512_rows(j, n, 2, 1);
+      for (; n < n1; ++n) gemv_avx512_rows(j, n, 1, 1);
+      break;
+    case 2:
+      for (; n + 4 <= n1; n += 4) gemv_avx512_rows(j, n, 4, 2);
+      for (; n < n1; ++n) gemv_avx512_rows(j, n, 1, 2);
+      break;
+    case 3:
+      for (; n + 2 <= n1; n += 2) gemv_avx512_rows_indexed(j, n, 2, 3);
+      for (; n < n1; ++n) gemv_avx512_rows_indexed(j, n, 1, 3);
+      break;
+    default:
+      for (; n + 2 <= n1; n += 2) gemv_avx512_rows_indexed(j, n, 2, 4);
+      for (; n < n1; ++n) gemv_avx512_rows_indexed(j, n, 1, 4);
+      break;
   }
 }
 
@@ -724,7 +763,7 @@ int64_t qo_cpu_int4_prepared_floats(int path, int64_t M, int64_t K, int64_t bloc
 /* the rows entry point runs up to I4_CHUNKED_GEMV_MAX_M activation rows as GEMVs of a few rows each (the weight
  * decoded in registers once per chunk) rather than decoding it to a float32 panel for a few rows (an expert's rows
  * at prefill: about k T / E); the same bits either way. Chunks of balanced sizes, at most I4_CHUNK512 rows on
- * AVX-512 (measured, per activation row: 6 rows 0.77x the time of 4, 5 rows 0.82x), 4 on AVX2. */
+ * AVX-512 at block 32 (measured, per activation row: 6 rows 0.77x the time of 4, 5 rows 0.82x), 4 otherwise. */
 #ifndef I4_CHUNK512
 #define I4_CHUNK512 6
 #endif
@@ -751,7 +790,8 @@ int qo_cpu_int4_rows_f32(int path, const float* A, const float* prepared, int64_
   j.ad = prepared;
   j.Y = Y;
   if (M > I4_GEMV_MAX_M && M <= I4_CHUNKED_GEMV_MAX_M && j.path != I4_PORTABLE) {
-    const int64_t most = j.path == I4_AVX512 ? I4_CHUNK512 : I4_GEMV_MAX_M, chunks = (M + most - 1) / most;
+    const int64_t most = j.path == I4_AVX512 && block_size == 32 ? I4_CHUNK512 : I4_GEMV_MAX_M;
+    const int64_t chunks = (M + most - 1) / most;
     const int64_t size = (M + chunks - 1) / chunks;
     for (int64_t m0 = 0; m0 < M && n0 < n1; m0 += size) {
       i4_job c = j;
