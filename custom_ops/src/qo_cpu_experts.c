@@ -11,8 +11,10 @@
  * decoded-panel GEMM), run through ORT's intra-op pool when the ORT layer set it (qo_cpu_parallel_for).
  * 4-bit integer experts (QO_FMT_INT4, MatMulExpertsUint4 / Int4) go through qo_cpu_int4_rows_f32 instead (the
  * dense MatMulUint4 kernel's code and 32-lane order); its SIMD paths read A reordered for their lanes, prepared once
- * per expert before the tasks run (qo_cpu_int4_prepare_a). MXFP4 experts likewise check each expert's A rows for the
- * MXFP4 grid once (qo_cpu_mxfp4_prepare_a) and run qo_cpu_mxfp4_rows_f32: the dense MatMulMxfp4's outputs. */
+ * per expert, gathered from A itself (qo_cpu_int4_prepare_a; no sorted copy of A), in a parallel pass before the
+ * tasks run. MXFP4 experts likewise check each expert's A rows for the MXFP4 grid once (qo_cpu_mxfp4_prepare_a) and
+ * run qo_cpu_mxfp4_rows_f32: the dense MatMulMxfp4's outputs. The results go back to the pairs' places in Y in a
+ * third parallel pass. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,11 +41,18 @@ typedef struct {
   int64_t s_count;
   const uint8_t* zp;      /* INT4: zero points, zp_bytes per expert, or NULL (8) */
   int64_t zp_bytes, block;
-  float* a_prep;          /* INT4: each expert's rows of a_rows prepared for the SIMD paths (from prep_offset[e]) */
+  int i4_path;            /* INT4: qo_cpu_int4_path, once per call */
+  float* a_prep;          /* INT4 / MXFP4: each expert's rows prepared for the SIMD paths (from prep_offset[e]) */
   int64_t* prep_offset;   /* [E] */
   const int64_t* offset;  /* [E + 1]: the expert's first row in a_rows / y_rows */
-  const float* a_rows;    /* [T * k, K], sorted by expert */
+  const float* A;         /* the op's A */
+  const int64_t* src;     /* [T * k]: row r of the sorted block is row src[r] of A */
+  const int64_t* used;    /* the experts chosen at least once, ascending */
+  const float* a_rows;    /* [T * k, K], sorted by expert; NULL where the kernel reads only a_prep (INT4 SIMD) */
   float* y_rows;          /* [T * k, N], sorted by expert */
+  float* Y;
+  const int64_t* order;   /* [T * k]: row r of y_rows is pair order[r] of Y */
+  int64_t pairs;
   const qo_expert_task* tasks;
   volatile int failed;
 } qo_experts_job;
@@ -54,8 +63,8 @@ static void expert_task(void* data, size_t index) {
   const int64_t e = t->expert, r0 = job->offset[e], M = job->offset[e + 1] - r0;
   if (job->fmt == QO_FMT_INT4) {
     const int status = qo_cpu_int4_rows_f32(
-        job->a_rows + r0 * job->K, job->a_prep ? job->a_prep + job->prep_offset[e] : NULL, M, job->N, job->K,
-        job->B + e * job->b_bytes, job->scales + e * job->s_count, job->zp ? job->zp + e * job->zp_bytes : NULL,
+        job->i4_path, job->a_rows ? job->a_rows + r0 * job->K : NULL,
+        job->a_prep ? job->a_prep + job->prep_offset[e] : NULL, M, job->N, job->K, job->B + e * job->b_bytes, job->scales + e * job->s_count, job->zp ? job->zp + e * job->zp_bytes : NULL,
         job->block, t->n0, t->n1, job->y_rows + r0 * job->N);
     if (status != QO_OK) job->failed = status;
     return;
@@ -75,6 +84,27 @@ static void expert_task(void* data, size_t index) {
   if (status != QO_OK) job->failed = status;
 }
 
+/* one chosen expert's rows of A prepared for its kernel (a task of the first parallel pass) */
+static void prepare_task(void* data, size_t index) {
+  qo_experts_job* job = (qo_experts_job*)data;
+  const int64_t e = job->used[index], r0 = job->offset[e], m = job->offset[e + 1] - r0;
+  if (job->fmt == QO_FMT_INT4)
+    qo_cpu_int4_prepare_a(job->i4_path, job->A, job->src + r0, m, job->K, job->block, job->a_prep + job->prep_offset[e]);
+  else
+    qo_cpu_mxfp4_prepare_a(job->a_rows + r0 * job->K, m, job->K, job->a_prep + job->prep_offset[e]);
+}
+
+#define QO_SCATTER_ROWS 16
+/* the preparation and the scatter run on the calling thread below this many floats (decode: each parallel section
+ * costs a wake-up of the pool, and on a busy machine a wait for a descheduled worker) */
+#define QO_SERIAL_BELOW (1 << 18)
+static void scatter_task(void* data, size_t index) { /* y_rows back to the pairs' places in Y */
+  qo_experts_job* job = (qo_experts_job*)data;
+  const int64_t N = job->N, r0 = (int64_t)index * QO_SCATTER_ROWS;
+  for (int64_t r = r0; r < r0 + QO_SCATTER_ROWS && r < job->pairs; ++r)
+    memcpy(job->Y + job->order[r] * N, job->y_rows + r * N, sizeof(float) * (size_t)N);
+}
+
 /* a_slots: 1 (A [T, K], every slot reads its token's row) or k (A [T, k, K]). */
 static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, float* Y, int64_t T, int64_t k,
                        int64_t a_slots, int64_t E) {
@@ -84,58 +114,76 @@ static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, 
   for (int64_t p = 0; p < pairs; ++p)
     if (ids[p] < 0 || ids[p] >= E) return QO_ERR_ARGUMENT;
   if (pairs == 0 || N == 0) return QO_OK;
+  const int int4 = job->fmt == QO_FMT_INT4, prepared = int4 || job->fmt == QO_FMT_MXFP4;
+  if (int4) job->i4_path = qo_cpu_int4_path(job->block);
+  /* the INT4 SIMD paths read only the prepared rows, gathered from A itself: no sorted copy of A */
+  const int need_rows = !int4 || qo_cpu_int4_prepared_floats(job->i4_path, 1, K, job->block) == 0;
   int64_t* offset = (int64_t*)calloc((size_t)(E + 1), sizeof(int64_t));
   int64_t* order = (int64_t*)malloc(sizeof(int64_t) * (size_t)pairs);
+  int64_t* src = (int64_t*)malloc(sizeof(int64_t) * (size_t)pairs);
   int64_t* fill = (int64_t*)malloc(sizeof(int64_t) * (size_t)E);
-  float* a_rows = (float*)malloc(sizeof(float) * (size_t)(pairs * K));
+  int64_t* used = (int64_t*)malloc(sizeof(int64_t) * (size_t)E);
+  float* a_rows = need_rows ? (float*)malloc(sizeof(float) * (size_t)(pairs * K)) : NULL;
   float* y_rows = (float*)malloc(sizeof(float) * (size_t)(pairs * N));
   qo_expert_task* tasks = NULL;
   int status = QO_ERR_ALLOC;
   int64_t* prep_offset = NULL;
   float* a_prep = NULL;
-  if (!offset || !order || !fill || !a_rows || !y_rows) goto done;
+  int64_t n_used = 0;
+  if (!offset || !order || !src || !fill || !used || (need_rows && !a_rows) || !y_rows) goto done;
   for (int64_t p = 0; p < pairs; ++p) ++offset[ids[p] + 1];
   for (int64_t e = 0; e < E; ++e) offset[e + 1] += offset[e];
   memcpy(fill, offset, sizeof(int64_t) * (size_t)E);
   for (int64_t p = 0; p < pairs; ++p) order[fill[ids[p]]++] = p; /* row r of the sorted block is pair order[r] */
-  for (int64_t r = 0; r < pairs; ++r) {
-    const int64_t p = order[r], src = a_slots == 1 ? p / k : p;
-    memcpy(a_rows + r * K, A + src * K, sizeof(float) * (size_t)K);
-  }
-  if (job->fmt == QO_FMT_INT4 || job->fmt == QO_FMT_MXFP4) { /* the kernel's A, prepared once per expert (not once
-                                                                 per task) */
-    const int int4 = job->fmt == QO_FMT_INT4;
+  for (int64_t r = 0; r < pairs; ++r) src[r] = a_slots == 1 ? order[r] / k : order[r];
+  if (a_rows)
+    for (int64_t r = 0; r < pairs; ++r) memcpy(a_rows + r * K, A + src[r] * K, sizeof(float) * (size_t)K);
+  for (int64_t e = 0; e < E; ++e)
+    if (offset[e + 1] > offset[e]) used[n_used++] = e;
+  job->A = A;
+  job->src = src;
+  job->used = used;
+  job->offset = offset;
+  job->a_rows = a_rows;
+  job->y_rows = y_rows;
+  job->Y = Y;
+  job->order = order;
+  job->pairs = pairs;
+  job->failed = 0;
+  if (prepared) { /* the kernel's A, prepared once per expert (not once per task), one task per expert */
     int64_t floats = 0;
     prep_offset = (int64_t*)malloc(sizeof(int64_t) * (size_t)E);
     if (!prep_offset) goto done;
     for (int64_t e = 0; e < E; ++e) {
       const int64_t m = offset[e + 1] - offset[e];
       prep_offset[e] = floats;
-      floats += int4 ? qo_cpu_int4_prepared_floats(m, K, job->block) : m ? qo_cpu_mxfp4_prepared_floats(m, K) : 0;
+      floats += !m ? 0 : int4 ? qo_cpu_int4_prepared_floats(job->i4_path, m, K, job->block)
+                              : qo_cpu_mxfp4_prepared_floats(m, K);
     }
     if (floats) {
       a_prep = (float*)malloc(sizeof(float) * (size_t)floats + 64);
       if (!a_prep) goto done;
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t m = offset[e + 1] - offset[e];
-        if (m && int4) qo_cpu_int4_prepare_a(a_rows + offset[e] * K, m, K, job->block, a_prep + prep_offset[e]);
-        if (m && !int4) qo_cpu_mxfp4_prepare_a(a_rows + offset[e] * K, m, K, a_prep + prep_offset[e]);
+      job->a_prep = a_prep;
+      job->prep_offset = prep_offset;
+      if (pairs * K >= QO_SERIAL_BELOW) {
+        status = qo_cpu_parallel_for(prepare_task, (size_t)n_used, job);
+        if (status != QO_OK) goto done;
+        status = QO_ERR_ALLOC;
+      } else {
+        for (int64_t i = 0; i < n_used; ++i) prepare_task(job, (size_t)i);
       }
     }
-    job->a_prep = a_prep;
-    job->prep_offset = prep_offset;
   }
   int64_t count = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t m = offset[e + 1] - offset[e], rows = m <= 4 ? QO_EXPERT_GEMV_ROWS : QO_EXPERT_PANEL_ROWS;
-    if (m) count += (N + rows - 1) / rows;
+  for (int64_t i = 0; i < n_used; ++i) {
+    const int64_t e = used[i], m = offset[e + 1] - offset[e], rows = m <= 4 ? QO_EXPERT_GEMV_ROWS : QO_EXPERT_PANEL_ROWS;
+    count += (N + rows - 1) / rows;
   }
   tasks = (qo_expert_task*)malloc(sizeof(qo_expert_task) * (size_t)count);
   if (!tasks) goto done;
   count = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t m = offset[e + 1] - offset[e], rows = m <= 4 ? QO_EXPERT_GEMV_ROWS : QO_EXPERT_PANEL_ROWS;
-    if (!m) continue;
+  for (int64_t i = 0; i < n_used; ++i) {
+    const int64_t e = used[i], m = offset[e + 1] - offset[e], rows = m <= 4 ? QO_EXPERT_GEMV_ROWS : QO_EXPERT_PANEL_ROWS;
     for (int64_t n0 = 0; n0 < N; n0 += rows) {
       tasks[count].expert = e;
       tasks[count].n0 = n0;
@@ -143,19 +191,20 @@ static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, 
       ++count;
     }
   }
-  job->offset = offset;
-  job->a_rows = a_rows;
-  job->y_rows = y_rows;
   job->tasks = tasks;
-  job->failed = 0;
   status = qo_cpu_parallel_for(expert_task, (size_t)count, job);
   if (status == QO_OK && job->failed) status = job->failed;
-  if (status == QO_OK)
-    for (int64_t r = 0; r < pairs; ++r) memcpy(Y + order[r] * N, y_rows + r * N, sizeof(float) * (size_t)N);
+  const int64_t scatter_tasks = (pairs + QO_SCATTER_ROWS - 1) / QO_SCATTER_ROWS;
+  if (status == QO_OK && pairs * N >= QO_SERIAL_BELOW)
+    status = qo_cpu_parallel_for(scatter_task, (size_t)scatter_tasks, job);
+  else if (status == QO_OK)
+    for (int64_t i = 0; i < scatter_tasks; ++i) scatter_task(job, (size_t)i);
 done:
   free(offset);
   free(order);
+  free(src);
   free(fill);
+  free(used);
   free(a_rows);
   free(y_rows);
   free(tasks);

@@ -148,14 +148,18 @@ void qo_cpu_mxfp4_prepare_a(const float* A, int64_t M, int64_t K, float* prepare
 int qo_cpu_mxfp4_rows_f32(const float* A, const float* prepared, int64_t M, int64_t N, int64_t K, const uint8_t* B,
                           const uint8_t* B_scale, int64_t n0, int64_t n1, float* Y);
 /* The same for a 4-bit weight (qo_cpu_int4.c; QO_FMT_INT4 is not a qo_cpu_weight_rows_f32 format): B / scales /
- * zero_points as qo_matmul_int4_f32 takes them. Its SIMD paths read A prepared once per A (the rows reordered for
- * their lanes): qo_cpu_int4_prepared_floats(M, K, block) floats (0: the path reads A itself, prepared may be NULL),
- * written by qo_cpu_int4_prepare_a; A and prepared must hold the same rows. */
-int64_t qo_cpu_int4_prepared_floats(int64_t M, int64_t K, int64_t block_size);
-void qo_cpu_int4_prepare_a(const float* A, int64_t M, int64_t K, int64_t block_size, float* prepared);
-int qo_cpu_int4_rows_f32(const float* A, const float* prepared, int64_t M, int64_t N, int64_t K, const uint8_t* B,
-                         const float* scales, const uint8_t* zero_points, int64_t block_size, int64_t n0, int64_t n1,
-                         float* Y);
+ * zero_points as qo_matmul_int4_f32 takes them. `path`: qo_cpu_int4_path(block), read once per call of the op
+ * (QO_CPU_KERNELS is read there, not once per task) and passed to the three others. Its SIMD paths read A prepared
+ * once per A (the rows reordered for their lanes): qo_cpu_int4_prepared_floats floats (0: the path reads A itself,
+ * A [M, K] then, and prepared may be NULL; otherwise A may be NULL), written by qo_cpu_int4_prepare_a from the rows
+ * A + rows[m] * K (rows NULL: A + m * K). */
+int qo_cpu_int4_path(int64_t block_size);
+int64_t qo_cpu_int4_prepared_floats(int path, int64_t M, int64_t K, int64_t block_size);
+void qo_cpu_int4_prepare_a(int path, const float* A, const int64_t* rows, int64_t M, int64_t K, int64_t block_size,
+                           float* prepared);
+int qo_cpu_int4_rows_f32(int path, const float* A, const float* prepared, int64_t M, int64_t N, int64_t K,
+                         const uint8_t* B, const float* scales, const uint8_t* zero_points, int64_t block_size,
+                         int64_t n0, int64_t n1, float* Y);
 
 /* ---- GPU (CUDA or HIP, whichever the library was built for; all pointers are device pointers, `stream` is a
  * cudaStream_t / hipStream_t or NULL). A_scale is a device pointer to one float. The dyn variant needs a device
