@@ -285,15 +285,19 @@ def test_gfx950_mx_form_becomes_mx_quant_dot_in_simplify_qdq(quark_exports, tmp_
     from migraphx_mx_matcher_check import check
     from onnx_helpers import build
     from test_amd_arch_gfx950 import _mx_matmuls
+    from test_amd_arch_gfx950_moe import expert_mx_matmuls
     import onnx
     for shape, precision in (("llama_h64", "fp16"), ("deepseek_v3", "fp32")):
         export = quark_exports(shape, "mxfp4")
         gfx950 = build(export, tmp_path / f"{shape}-gfx950", "rocm", precision, amd_arch="gfx950")
         default = build(export, tmp_path / f"{shape}-default", "rocm", precision)
         model = onnx.load(str(gfx950 / "model.onnx"), load_external_data=False)
-        n_mx = len(_mx_matmuls(model))
-        n_q = sum(n.op_type == "QuantizeLinear" for n in model.graph.node)
-        n_dq = sum(n.op_type == "DequantizeLinear" for n in model.graph.node)
+        # the 8-token prompt inlines each MoE block's every-expert If branch: its MX expert MatMuls count too
+        n_mx = len(_mx_matmuls(model)) + sum("/all_experts/" in n.name for n in expert_mx_matmuls(model))
+        prompt_nodes = list(model.graph.node) + [n for i in model.graph.node if i.op_type == "If" for a in i.attribute
+                                                 if a.name == "else_branch" for n in a.g.node]
+        n_q = sum(n.op_type == "QuantizeLinear" for n in prompt_nodes)
+        n_dq = sum(n.op_type == "DequantizeLinear" for n in prompt_nodes)
         got = check(gfx950, lib)
         assert n_mx > 0 and got["gfx950"]["quant_dot_mx"] == n_mx, (shape, got)
         assert got["without_mx"]["quant_dot_mx"] == 0 and got["without_mx"]["quantizelinear"] == n_q, (shape, got)
