@@ -34,6 +34,11 @@ chosen expert's own static parameters Gathered from [E] stacks (InputQuant, _inp
   INT8  x_q = (clip(round(x * r_e) + z_e, qmin, qmax) - z_e) * s_e, r_e = fp32(1 / s_e) (torch's
         fake_quantize_per_tensor_affine, as the dense Int8W8A8 form: quant/int8_w8a8.py)
 The gate/up input then differs per chosen expert: one row per slot.
+amd_arch=gfx950 (-e rocm / -e migraphx, MXFP4 experts with MXFP4 activations, K > 32: Stack.mx_gemm): the projection's
+MatMul takes float32 operands that are both DequantizeLinear(QuantizeLinear(., blocked e8m0 scale, float4e2m1)): the
+activation through Quark's even block scale (ops/mx_activation.py emit_mx_activation_fp4_qdq), the gathered e2m1
+values with unit scale, dequantized with the gathered block scales (quant/mx_gemm.py emit_routed_weight_mx), which
+MIGraphX's simplify_qdq turns into a batched 4-input quant_dot on gfx950 (docs/amd_generations.md).
 
 Why an If: the routed branch materialises T * k decoded expert matrices, which is k/E of the stack per token at
 decode (T = 1) but T * k / E stacks for a prefill of T tokens; past T = E / k it decodes more than every expert once
