@@ -99,7 +99,7 @@ def _has_mx_gemm(plan) -> bool:
     from .quant.mx_gemm import mx_gemm_applies
     return plan.ep.amd_arch == "any" or any(
         lp.scheme.__name__ == "Mxfp4Linear" and mx_gemm_applies(plan.ep, lp, plan.options.mx_activations) is None
-        for name, lp in plan.linears.items() if ".experts." not in name or plan.options.extra.get("moe") == "dense")
+        for lp in plan.linears.values())  # dense linears and routed experts alike (quant/mx_gemm.py routed_mx_applies)
 
 
 def _has_moe(plan) -> bool:

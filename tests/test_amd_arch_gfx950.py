@@ -203,8 +203,8 @@ def test_inspect_per_layer_and_generation(quark_exports):
         assert "amd_arch=gfx950: FP8 stays float8e4m3fnuz" in text
         assert "--extra_options amd_arch does not apply to this model" in text
         ls, _ = lines("qwen3_moe", "mxfp4", ep, "amd_arch=gfx950")
-        assert "routed expert: weights decoded in ops; amd_arch=gfx950 does not apply" in \
-            ls["model.layers.0.mlp.experts.0.gate_proj"]
+        assert "MX FP4 GEMM (batched 4-input quant_dot) on gfx950 (routed expert" in \
+            ls["model.layers.0.mlp.experts.0.gate_proj"]  # tests/test_amd_arch_gfx950_moe.py
         assert "MX FP4 GEMM" in ls["model.layers.0.self_attn.q_proj"]
 
 

@@ -245,7 +245,9 @@ def test_gfx950_forms_on_migraphx_ref(tmp_path):
 
 # amd_arch=gfx950 (builder/quant/mx_gemm.py): ORT CPU cannot run float4e2m1 Q/DQ, so MIGraphX ref runs the gfx950
 # graph and ORT CPU the default graph of the same export; both are also compared with Quark's own prompt logits.
-GFX950_CASES = "llama_h64:mxfp4,deepseek_v3:mxfp4,qwen3_moe:mxfp4"
+# The MoE families' routed MXFP4 experts take the batched MX form too (tests/test_amd_arch_gfx950_moe.py): the 8-token
+# prompt runs the every-expert If branch, each decoded token the routed Gather branch.
+GFX950_CASES = "llama_h64:mxfp4,deepseek_v3:mxfp4,qwen3_moe:mxfp4,qwen2_moe:mxfp4,mixtral:mxfp4,gpt_oss:mxfp4"
 
 
 @pytest.mark.heavy
@@ -283,17 +285,56 @@ def test_gfx950_mx_form_becomes_mx_quant_dot_in_simplify_qdq(quark_exports, tmp_
     from migraphx_mx_matcher_check import check
     from onnx_helpers import build
     from test_amd_arch_gfx950 import _mx_matmuls
+    from test_amd_arch_gfx950_moe import expert_mx_matmuls
     import onnx
     for shape, precision in (("llama_h64", "fp16"), ("deepseek_v3", "fp32")):
         export = quark_exports(shape, "mxfp4")
         gfx950 = build(export, tmp_path / f"{shape}-gfx950", "rocm", precision, amd_arch="gfx950")
         default = build(export, tmp_path / f"{shape}-default", "rocm", precision)
         model = onnx.load(str(gfx950 / "model.onnx"), load_external_data=False)
-        n_mx = len(_mx_matmuls(model))
-        n_q = sum(n.op_type == "QuantizeLinear" for n in model.graph.node)
-        n_dq = sum(n.op_type == "DequantizeLinear" for n in model.graph.node)
+        # the 8-token prompt inlines each MoE block's every-expert If branch: its MX expert MatMuls count too
+        n_mx = len(_mx_matmuls(model)) + sum("/all_experts/" in n.name for n in expert_mx_matmuls(model))
+        prompt_nodes = list(model.graph.node) + [n for i in model.graph.node if i.op_type == "If" for a in i.attribute
+                                                 if a.name == "else_branch" for n in a.g.node]
+        n_q = sum(n.op_type == "QuantizeLinear" for n in prompt_nodes)
+        n_dq = sum(n.op_type == "DequantizeLinear" for n in prompt_nodes)
         got = check(gfx950, lib)
         assert n_mx > 0 and got["gfx950"]["quant_dot_mx"] == n_mx, (shape, got)
         assert got["without_mx"]["quant_dot_mx"] == 0 and got["without_mx"]["quantizelinear"] == n_q, (shape, got)
         assert got["without_mx"]["dequantizelinear"] >= n_dq, (shape, got)
         assert check(default, lib)["gfx950"]["quant_dot_mx"] == 0
+
+
+def test_gfx950_routed_experts_become_batched_mx_quant_dot(quark_exports, tmp_path):
+    """The routed MoE experts' amd_arch=gfx950 form (builder/quant/mx_gemm.py emit_routed_weight_mx: run-time,
+    gathered block scales, rank-3 and rank-4 operands) through MIGraphX's own simplify_qdq: every expert MatMul of
+    the If branch the parser inlines (8 tokens: every-expert branch; 1 token: the routed Gather branch) becomes a
+    4-input quant_dot with use_mx_quant, besides the dense MX linears; none without it, where every QuantizeLinear
+    survives (the weight pair's scales differ; the activation pairs are doubled: ops/keep_fake_quant.py)."""
+    lib = _lib_or_skip()
+    import shutil
+    if shutil.which("clang++") is None:
+        pytest.skip("clang++ not found (tools/migraphx_ref.sh builds with it)")
+    sys.path.insert(0, str(REPO / "tools"))
+    sys.path.insert(0, str(REPO / "tests"))
+    from migraphx_mx_matcher_check import check
+    from onnx_helpers import build
+    from test_amd_arch_gfx950 import _mx_matmuls
+    from test_amd_arch_gfx950_moe import expert_mx_matmuls
+    import onnx
+    for shape, precision in (("qwen3_moe", "fp32"), ("gpt_oss", "fp16"), ("deepseek_v3", "fp32")):
+        out = build(quark_exports(shape, "mxfp4"), tmp_path / shape, "rocm", precision, amd_arch="gfx950")
+        model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+        n_dense = len(_mx_matmuls(model))
+        experts = expert_mx_matmuls(model)
+        ifs = [n for n in model.graph.node if n.op_type == "If"]
+        assert experts and ifs
+        for tokens, branch in ((8, "else_branch"), (1, "then_branch")):
+            chosen = [a.g for n in ifs for a in n.attribute if a.name == branch]
+            n_experts = sum(n.op_type == "MatMul" and n.name in {m.name for m in experts} for g in chosen for n in g.node)
+            n_q = sum(n.op_type == "QuantizeLinear" for n in model.graph.node) + sum(
+                n.op_type == "QuantizeLinear" for g in chosen for n in g.node)
+            got = check(out, lib, tokens)
+            assert n_experts > 0 and got["gfx950"]["quant_dot_mx"] == n_dense + n_experts, (shape, tokens, got)
+            assert got["without_mx"]["quant_dot_mx"] == 0 and got["without_mx"]["quantizelinear"] == n_q, \
+                (shape, tokens, got)

@@ -1,11 +1,13 @@
 """Which MatMuls of a converted -e rocm / -e migraphx model MIGraphX's GPU quantization pass turns into quant_dot,
 on gfx950 (simplify_qdq with use_mx_quant: the MX FP4 GEMM) and on chips without MX intrinsics, without a GPU.
 
-    python tools/migraphx_mx_matcher_check.py [--lib BUILD/lib] MODEL_DIR ...
+    python tools/migraphx_mx_matcher_check.py [--lib BUILD/lib] [--tokens 8] MODEL_DIR ...
 
 Compiles tools/migraphx_mx_matcher_check.cpp once against a tools/migraphx_ref.sh build (its headers in the same
 cache folder, clang++), then, per model, parses it with the prompt's input shapes (an 8-token prompt, the cache fed as
-onnxruntime-genai feeds it: tools/migraphx_ref_compare.py) and runs the start of the GPU target's required_pipeline
+onnxruntime-genai feeds it: tools/migraphx_ref_compare.py; --tokens 1 for a one-token step, which takes a routed MoE
+block's Gather branch where 8 tokens take its every-expert branch: the parser inlines the If branch its static shapes
+choose, src/onnx/parse_if.cpp) and runs the start of the GPU target's required_pipeline
 (normalize_ops, eliminate_identity, simplify_qdq) with use_mx_quant off and on. Prints per model the instruction
 counts that matter: quant_dot_mx (4-input quant_dot, match_find_mx_quantizable_ops), quant_dot, dot, and the
 quantizelinear/dequantizelinear left (a Q/DQ pair that remove_qdq_pairs dropped is gone from these counts).
@@ -63,11 +65,11 @@ def input_dims(model_dir: Path, tokens: int = 8) -> list[str]:
     return out
 
 
-def check(model_dir: Path, lib: Path) -> dict[str, dict[str, int]]:
+def check(model_dir: Path, lib: Path, tokens: int = 8) -> dict[str, dict[str, int]]:
     exe = binary(lib)
     rows = {}
     for arch, flag in (("without_mx", "0"), ("gfx950", "1")):
-        r = subprocess.run([str(exe), str(model_dir / "model.onnx"), flag, *input_dims(model_dir)],
+        r = subprocess.run([str(exe), str(model_dir / "model.onnx"), flag, *input_dims(model_dir, tokens)],
                            capture_output=True, text=True, env=dict(os.environ, MIGRAPHX_DISABLE_WARNINGS="1"))
         if r.returncode:
             raise RuntimeError(f"{model_dir}: {r.stderr.strip().splitlines()[-1][:300]}")
@@ -86,6 +88,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+", type=Path)
     ap.add_argument("--lib", type=Path, help="the build's lib folder (default: the newest tools/migraphx_ref.sh build)")
+    ap.add_argument("--tokens", type=int, default=8, help="prompt length the model is parsed for (default 8)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     lib = args.lib or default_lib()
@@ -94,7 +97,7 @@ def main(argv=None) -> int:
         return 2
     report = {}
     for m in args.models:
-        report[str(m)] = check(m, lib)
+        report[str(m)] = check(m, lib, args.tokens)
         print(m, json.dumps(report[str(m)]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

@@ -9,6 +9,8 @@ Every tensor type in that graph is one MIGraphX's ONNX parser reads (AMDMIGraphX
 commit f729a52): FP8 is float8e4m3fnuz with doubled scales (ops/fnuz.py), MXFP4/NVFP4 weights are INT8
 DequantizeLinear with blocked halved scales (quant/fp4_int8_dq.py). builder/ep_rules.py checks it.
 """
+import re
+
 from ..ep_rules import MIGRAPHX_MODEL_RULES, MIGRAPHX_RULES
 from .base import EPConfig
 
@@ -39,16 +41,28 @@ GFX950_MX_NOTE = ("amd_arch=gfx950: {n} MXFP4 linear(s) take gfx950's MX GEMM fo
                   "lowers to a 4-input quant_dot on gfx950 only (elsewhere the Q/DQ is computed in float); ONNX "
                   "Runtime CPU has no float4e2m1 Quantize/DequantizeLinear kernel, so this graph runs on the MIGraphX "
                   "EP only (builder/quant/mx_gemm.py)")
+GFX950_ROUTED_MX_NOTE = ("amd_arch=gfx950: {n} routed MoE expert projection(s) (stacks over the experts, in {layers} "
+                         "MoE layer(s)) take the same form batched: the chosen experts' gathered e2m1 values "
+                         "re-quantized to float4e2m1 with unit scales and dequantized with their gathered e8m0 block "
+                         "scales, the activations through Quark's even block scale (builder/quant/mx_gemm.py "
+                         "emit_routed_weight_mx)")
 GFX950_FP8_NOTE = ("amd_arch=gfx950: FP8 stays float8e4m3fnuz (MIGraphX's ONNX parser refuses float8e4m3fn, "
                    "onnx_parser.cpp get_type): gfx950 computes these GEMMs in float, not with its OCP FP8 GEMM")
 
 
-def _mx_gemm_layers(model_plan) -> int:
-    from ..quant.mx_gemm import mx_gemm_applies
-    routed = model_plan.options.extra.get("moe", "routed") != "dense"
-    return sum(1 for name, lp in model_plan.linears.items() if lp.scheme.name == "mxfp4"
-               and not (routed and ".experts." in name)
-               and mx_gemm_applies(model_plan.ep, lp, model_plan.options.mx_activations) is None)
+def _routed(model_plan, name: str) -> bool:
+    """An expert linear of the routed standard-op form (ops/routed_experts.py: moe=routed or gather on this EP)."""
+    return ".experts." in name and model_plan.options.extra.get("moe", "routed") != "dense"
+
+
+def _mx_gemm_layers(model_plan, routed: bool = False) -> list[str]:
+    """The MXFP4 linears that take the amd_arch=gfx950 MX form: dense ones, or (routed) the routed experts' ones
+    (the stack's condition is each expert's: quant/mx_gemm.py routed_mx_applies)."""
+    from ..quant.mx_gemm import mx_gemm_applies, routed_mx_applies
+    applies = routed_mx_applies if routed else mx_gemm_applies
+    return [name for name, lp in model_plan.linears.items() if lp.scheme.name == "mxfp4"
+            and _routed(model_plan, name) == routed
+            and applies(model_plan.ep, lp, model_plan.options.mx_activations) is None]
 
 
 def _fp4_layers(model_plan) -> int:
@@ -72,9 +86,14 @@ def plan_notes(model_plan) -> list[str]:
         notes.append(FP8_NOTE)
         if model_plan.ep.amd_arch == "gfx950":
             notes.append(GFX950_FP8_NOTE)
-    n_mx = _mx_gemm_layers(model_plan)
+    n_mx = len(_mx_gemm_layers(model_plan))
+    routed_mx = _mx_gemm_layers(model_plan, routed=True)
     if n_mx:
         notes.append(GFX950_MX_NOTE.format(n=n_mx))
+    if routed_mx:
+        stacks = {re.sub(r"\.experts\.\d+\.", ".experts.*.", n) for n in routed_mx}
+        notes.append(GFX950_ROUTED_MX_NOTE.format(n=len(stacks), layers=len({s.split(".experts.")[0] for s in stacks})))
+    n_mx += len(routed_mx)
     if schemes & {"mxfp4", "nvfp4"} and model_plan.ep.fp4_linear == "dq_int8" and n_mx < _fp4_layers(model_plan):
         notes.append(FP4_NOTE)
     n_fp4_act = sum(1 for s in specs if s is not None and s.input_tensors and s.input_tensors[0].dtype == "fp4")
@@ -95,19 +114,23 @@ FLOAT_GEMM = "AMD: io-dtype GEMM on every gfx"
 
 MX_GEMM = ("AMD: MX FP4 GEMM (4-input quant_dot) on gfx950; on gfx94x, gfx12 and older the same float4e2m1 Q/DQ "
            "computed in float, io-dtype GEMM (amd_arch=gfx950 form)")
+ROUTED_MX_GEMM = ("AMD: MX FP4 GEMM (batched 4-input quant_dot) on gfx950 (routed expert: the gathered experts' e2m1 "
+                  "values and the activations through float4e2m1 Q/DQ with run-time e8m0 block scales); on gfx94x, "
+                  "gfx12 and older the same Q/DQ computed in float, io-dtype GEMM (amd_arch=gfx950 form)")
 NO_MX = "no MX FP4 GEMM: gfx950's needs float4e2m1 Q/DQ on both operands"
 OCP_FP8_REFUSED = "amd_arch=gfx950 keeps fnuz: MIGraphX's parser refuses float8e4m3fn"
 
 
 def layer_note(model_plan, name: str, lp) -> str | None:
     from ..quant.fp8_w8a8 import activation_mode
-    from ..quant.mx_gemm import MX_ARCH, mx_gemm_applies
+    from ..quant.mx_gemm import MX_ARCH, mx_gemm_applies, routed_mx_applies
     scheme = lp.scheme.name
     gfx950 = model_plan.ep.amd_arch == MX_ARCH
-    if ".experts." in name and model_plan.options.extra.get("moe", "routed") != "dense":
-        why = ("; amd_arch=gfx950 does not apply: the chosen experts' weights are Gathered at run time and decoded in "
-               "float ops, with no blocked DequantizeLinear for the MX rule to read") if gfx950 and scheme == "mxfp4" \
-            else ""
+    if _routed(model_plan, name):
+        why = routed_mx_applies(model_plan.ep, lp, model_plan.options.mx_activations) if scheme == "mxfp4" else ""
+        if why is None:
+            return ROUTED_MX_GEMM
+        why = f"; amd_arch=gfx950 does not apply: {why}" if gfx950 and why else ""
         return FLOAT_GEMM + f" (routed expert: weights decoded in ops{why})"
     if scheme == "fp8-w8a8" and model_plan.ep.fp8_linear == "qdq":
         # static: Q/DQ(x, s); dynamic (per tensor / per token): Q/DQ(x / s_dyn, unit) -> MatMul -> * s_dyn

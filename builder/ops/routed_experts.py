@@ -34,6 +34,11 @@ chosen expert's own static parameters Gathered from [E] stacks (InputQuant, _inp
   INT8  x_q = (clip(round(x * r_e) + z_e, qmin, qmax) - z_e) * s_e, r_e = fp32(1 / s_e) (torch's
         fake_quantize_per_tensor_affine, as the dense Int8W8A8 form: quant/int8_w8a8.py)
 The gate/up input then differs per chosen expert: one row per slot.
+amd_arch=gfx950 (-e rocm / -e migraphx, MXFP4 experts with MXFP4 activations, K > 32: Stack.mx_gemm): the projection's
+MatMul takes float32 operands that are both DequantizeLinear(QuantizeLinear(., blocked e8m0 scale, float4e2m1)): the
+activation through Quark's even block scale (ops/mx_activation.py emit_mx_activation_fp4_qdq), the gathered e2m1
+values with unit scale, dequantized with the gathered block scales (quant/mx_gemm.py emit_routed_weight_mx), which
+MIGraphX's simplify_qdq turns into a batched 4-input quant_dot on gfx950 (docs/amd_generations.md).
 
 Why an If: the routed branch materialises T * k decoded expert matrices, which is k/E of the stack per token at
 decode (T = 1) but T * k / E stacks for a prefill of T tokens; past T = E / k it decodes more than every expert once
@@ -62,9 +67,11 @@ from ..quant.mxfp4 import MXFP4_GROUP, Mxfp4Linear, _e8m0_bytes, emulate_activat
 from ..quant.mxfp4_fp8 import Mxfp4Fp8Linear
 from ..quant.nvfp4 import NVFP4_GROUP, Nvfp4Linear
 from ..quant import fp4_codes
+from ..quant.mx_gemm import emit_routed_weight_mx, routed_mx_applies
 from . import fnuz
 from .matmul_nbits import block_size_for
-from .mx_activation import Fp4ActivationSpec, emit_fp4_activation_qdq, emit_nvfp4_activation_per_expert
+from .mx_activation import (Fp4ActivationSpec, emit_fp4_activation_qdq, emit_mx_activation_fp4_qdq,
+                            emit_nvfp4_activation_per_expert)
 
 CHUNK_BYTES = 256 << 20  # dense branch: fp32 bytes of one chunk's decoded projection (bounds its transient memory)
 FP8_MAX = 448.0
@@ -84,6 +91,7 @@ class Stack:
     mx_mode: str | None = None         # dynamic MXFP4 input quantization (scale_calculation_mode)
     input_quant: "InputQuant | None" = None
     scale_2: str | None = None         # NVFP4 weight_scale_2 [E, 1, 1, 1]
+    mx_gemm: bool = False              # amd_arch=gfx950: float4e2m1 Q/DQ on both MatMul operands (quant/mx_gemm.py)
 
 
 @dataclass
@@ -281,9 +289,27 @@ def build_stack(ctx, plans: list, name: str) -> Stack:
     if key[0] == "int":
         kind = "int4" if BITS[key[1]] == 4 else "int8"
     groups = int(head["scale"].shape[0]) if kind in ("int4", "int8", "mxfp4", "nvfp4") else 1
+    mx_mode = _mx_mode(ctx, key)
     return Stack(kind, first.in_features, first.out_features, groups, names["data"], names.get("scale"),
-                 names.get("zero"), names.get("bias"), _mx_mode(ctx, key), _input_quant_of(first, names),
-                 names.get("scale_2"))
+                 names.get("zero"), names.get("bias"), mx_mode, _input_quant_of(first, names),
+                 names.get("scale_2"), stack_takes_mx(ctx, first))
+
+
+def stack_takes_mx(ctx, plan) -> bool:
+    """amd_arch=gfx950: this projection's MXFP4 experts with MXFP4 activations take the MX GEMM form
+    (quant/mx_gemm.py routed_mx_applies; the activation emulated, more than one block along K)."""
+    key = stack_key(plan)
+    return (key is not None and key[0] == "mxfp4" and _mx_mode(ctx, key) is not None
+            and routed_mx_applies(ctx.ep, plan, ctx.options.mx_activations) is None)
+
+
+def _activation(ctx, st: Stack, x: str, p: str) -> str:
+    """Quark's dynamic MXFP4 input quantization of a stack's input x [..., K]: the float Round emulation (io dtype),
+    or on an MX stack the float4e2m1 Q/DQ pair (float32, ops/mx_activation.py emit_mx_activation_fp4_qdq)."""
+    spec = Fp4ActivationSpec("mxfp4", MXFP4_GROUP, st.mx_mode)
+    if st.mx_gemm:
+        return emit_mx_activation_fp4_qdq(ctx, x, spec, p, st.k)
+    return emit_fp4_activation_qdq(ctx, x, spec, p)
 
 
 def _mx_mode(ctx, key) -> str | None:
@@ -300,7 +326,9 @@ def _decode(ctx, st: Stack, idx: str, nb: int, p: str) -> str:
       4-bit byte b: hi = floor(b / 16), lo = b - 16 hi; Concat(lo, hi) restores the [K, N] codes
       e2m1 code c: s = floor(c / 8), m = c - 8 s; |v| = m/2 + relu(m - 4)/2 + relu(m - 6)  (0, .5, 1, 1.5, 2, 3, 4, 6);
                    v = |v| (1 - 2 s)
-      then (q - zp) * scale per group along K (integers), v * 2^(e - 127) (MXFP4), e4m3 value * scale (FP8)."""
+      then (q - zp) * scale per group along K (integers), v * 2^(e - 127) (MXFP4), e4m3 value * scale (FP8).
+    An MX stack (amd_arch=gfx950) stops at the e2m1 values and the e8m0 scales: quant/mx_gemm.py
+    emit_routed_weight_mx makes them the float4e2m1 Q/DQ operand, float32."""
     g = ctx.graph
     keep = [0] * nb
 
@@ -336,6 +364,12 @@ def _decode(ctx, st: Stack, idx: str, nb: int, p: str) -> str:
             sgn = g.op("Sub", [const("one", 1.0), g.op("Mul", [sign, const("two", 2.0)], f"{p}/Sign2")],
                        f"{p}/SignFactor")
             w = g.op("Mul", [v, sgn], f"{p}/E2m1")
+        if st.mx_gemm:  # [..., G, 1, N] e8m0 bytes -> float32 [..., G, N] -> Q/DQ (quant/mx_gemm.py)
+            scale = g.op("Gather", [_lut(g, "e8m0"), g.op("Cast", [gather(st.scale, "Scale")], f"{p}/ScaleToInt",
+                                                          to=TensorProto.INT32)], f"{p}/E8m0", axis=0)
+            scale = g.op("Reshape", [scale, g.const_i64(f"{p}/scale_shape", keep + [st.groups, st.n])],
+                         f"{p}/BlockScale")
+            return emit_routed_weight_mx(ctx, w, scale, nb, p)
         grouped = g.op("Reshape", [w, g.const_i64(f"{p}/group_shape", keep + [st.groups, st.k // st.groups, st.n])],
                        f"{p}/Groups")
         scale = gather(st.scale, "Scale")                                          # [..., G, 1, N]
@@ -394,10 +428,12 @@ def _project(ctx, st: Stack, x: str, idx: str, nb: int, p: str, mx_done: bool = 
     """x [..., K] (broadcast against the chosen experts) -> x_q @ W (+ bias) for the experts in idx."""
     g = ctx.graph
     if st.mx_mode is not None and not mx_done:
-        x = emit_fp4_activation_qdq(ctx, x, Fp4ActivationSpec("mxfp4", MXFP4_GROUP, st.mx_mode), p)
+        x = _activation(ctx, st, x, p)
     if st.input_quant is not None:
         x = _input_quant(ctx, st.input_quant, x, idx, p)
     y = g.op("MatMul", [x, _decode(ctx, st, idx, nb, f"{p}/weight")], f"{p}/MatMul")
+    if st.mx_gemm and ctx.io != "fp32":  # both operands float32 (quant/mx_gemm.py emit_mx_matmul: why)
+        y = g.op("Cast", [y], f"{p}/CastIo", to=ctx.io_type)
     if st.bias is not None:
         y = g.op("Add", [y, g.op("Gather", [st.bias, idx], f"{p}/GatherBias", axis=0)], f"{p}/BiasAdd")
     return y
@@ -471,8 +507,7 @@ def emit_routed_experts(ctx, x: str, routing: Routing, experts: list[tuple], act
     xt = g.op("Reshape", [x, g.const_i64(f"{name}.routed.token_rows", [-1, hidden])], f"{prefix}/routed/Tokens")
     # the same dynamic MXFP4 activation of x for every expert: once, outside the If (its cache must not hand a
     # value made in one branch to the other)
-    xs = [emit_fp4_activation_qdq(ctx, xt, Fp4ActivationSpec("mxfp4", MXFP4_GROUP, st.mx_mode), f"{prefix}/routed")
-          if st.mx_mode is not None else xt for st in first]
+    xs = [_activation(ctx, st, xt, f"{prefix}/routed") if st.mx_mode is not None else xt for st in first]
     idx = routing.idx
 
     # routed branch: [T, k] experts per token

@@ -95,6 +95,38 @@ def emit_mx_matmul(ctx, plan, xq: str, wt: str) -> str:
     return y if ctx.io == "fp32" else g.op("Cast", [y], f"{plan.node_prefix}/CastIo", to=ctx.io_type)
 
 
+def routed_mx_applies(ep, plan, mx_activations: str = "emulate") -> str | None:
+    """None when this MXFP4 expert projection, in the routed standard-op form (ops/routed_experts.py), takes the
+    gfx950 MX form (emit_routed_weight_mx), else why not ('' when the option is not given). The same conditions as a
+    dense linear: MXFP4 activations emulated, more than one 32-block along K."""
+    return mx_gemm_applies(ep, plan, mx_activations)
+
+
+def emit_routed_weight_mx(ctx, values: str, scale: str, nb: int, p: str) -> str:
+    """The chosen experts' weight operand in float32, [..., K, N] (nb leading routing axes): their e2m1 values
+    (float32, decoded from the gathered codes) re-quantized to float4e2m1 with unit block scales (exact: they are
+    e2m1 values), then DequantizeLinear with the gathered e8m0 block scales `scale` (float32 [..., K/32, N]):
+
+        values ─► QuantizeLinear(Expand(1, Shape(scale)), float4e2m1, axis nb, block 32)
+               ─► DequantizeLinear(scale, axis nb, block 32)
+
+    The dense form's weight chain (emit_weight_mx) with run-time tensors: MIGraphX's matcher takes them
+    (simplify_qdq.cpp block_dq reads only the scale's rank, no constant check; quant_dot takes any rank >= 2 with
+    equal batch dimensions: op/quant_dot.hpp compute_shape). The unit scale is a run-time Expand of the scale's shape
+    (the parser's blocked Q/DQ needs the scale at x's rank with x's dims off the axis:
+    quantize_dequantize_linear.hpp); its DequantizeLinear partner has the gathered scale, so remove_qdq_pairs keeps
+    the pair on chips without MX (is_same_scale_zero: a run-time value is no literal)."""
+    g = ctx.graph
+    g.opsets[""] = max(g.opsets[""], MX_GEMM_OPSET)
+    one = "mx_gemm.one"
+    if not g.has(one):
+        g.initializer(one, np.array(1.0, np.float32))
+    ones = g.op("Expand", [one, g.op("Shape", [scale], f"{p}/ScaleShape")], f"{p}/UnitScale")
+    fp4 = g.op("QuantizeLinear", [values, ones], f"{p}/WeightToFp4", axis=nb, block_size=MX_GROUP,
+               output_dtype=TensorProto.FLOAT4E2M1)
+    return g.op("DequantizeLinear", [fp4, scale], f"{p}/WeightFromFp4", axis=nb, block_size=MX_GROUP)
+
+
 DESCRIBE = ("MXFP4 activations (Quark's even block scale) and weights (int8 2*e2m1 -> DQ(0.5)) each through "
             "QuantizeLinear(float4e2m1, block 32) + DequantizeLinear(e8m0 block scales) -> MatMul (amd_arch=gfx950 "
             "MX GEMM form, opset 23)")
