@@ -8,10 +8,7 @@ up to its float32 roundings), through ORT (the library's kernel and the op's ONN
 range of one accumulator, and the argument checks."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -132,13 +129,9 @@ print(json.dumps(out))
 
 
 def test_int8_w8a8_bits_do_not_depend_on_threads():
-    script = _THREADS_SCRIPT.format(repo=str(REPO), tests=str(REPO / "tests"))
-    results = []
-    for threads in ("1", "2"):
-        env = dict(os.environ, OMP_NUM_THREADS=threads)
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-        results.append(json.loads(out.stdout))
-    assert results[0] == results[1]
+    from thread_runs import outputs_per_thread_count
+    one, two = outputs_per_thread_count(_THREADS_SCRIPT.format(repo=str(REPO), tests=str(REPO / "tests")))
+    assert one == two
 
 
 def test_int8_w8a8_in_ort_kernel_and_function():

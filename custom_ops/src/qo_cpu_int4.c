@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "qo_fp_formats.h"
+#include "qo_cpu_simd.h"
 #include "qo_kernels.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(QO_NO_CLONES) && \
@@ -837,19 +838,21 @@ int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* scales, co
   return status;
 }
 
+typedef struct {
+  const uint8_t* B;
+  const float* scales;
+  const uint8_t* zero_points;
+  int64_t block_size;
+} i4_f16_args;
+
+static int int4_f32_kernel(const float* A, float* Y, int64_t M, int64_t N, int64_t K, const void* args) {
+  const i4_f16_args* p = (const i4_f16_args*)args;
+  return qo_matmul_int4_f32(A, p->B, p->scales, p->zero_points, Y, M, N, K, p->block_size);
+}
+
 int qo_matmul_int4_f16(const uint16_t* A, const uint8_t* B, const float* scales, const uint8_t* zero_points,
                        uint16_t* Y, int64_t M, int64_t N, int64_t K, int64_t block_size) {
   if (!A || !Y || M < 0 || N < 0 || K < 0) return QO_ERR_ARGUMENT;
-  float* a = (float*)malloc(sizeof(float) * (size_t)(M * K) + 4);
-  float* y = (float*)malloc(sizeof(float) * (size_t)(M * N) + 4);
-  int status = QO_ERR_ALLOC;
-  if (a && y) {
-    for (int64_t i = 0; i < M * K; ++i) a[i] = qo_f16_to_f32(A[i]);
-    status = qo_matmul_int4_f32(a, B, scales, zero_points, y, M, N, K, block_size);
-    if (status == QO_OK)
-      for (int64_t i = 0; i < M * N; ++i) Y[i] = qo_f32_to_f16(y[i]);
-  }
-  free(a);
-  free(y);
-  return status;
+  const i4_f16_args args = {B, scales, zero_points, block_size};
+  return qo_cpu_through_f32(A, Y, M, N, K, int4_f32_kernel, &args);
 }

@@ -374,19 +374,21 @@ done:
   return status;
 }
 
+typedef struct {
+  const int8_t* B;
+  const float* B_scale;
+  int64_t b_scale_count;
+  float A_scale;
+} i8_f16_args;
+
+static int w8a8_f32_kernel(const float* A, float* Y, int64_t M, int64_t N, int64_t K, const void* args) {
+  const i8_f16_args* p = (const i8_f16_args*)args;
+  return qo_matmul_int8_w8a8_f32(A, p->B, p->B_scale, p->b_scale_count, p->A_scale, Y, M, N, K);
+}
+
 int qo_matmul_int8_w8a8_f16(const uint16_t* A, const int8_t* B, const float* B_scale, int64_t b_scale_count,
                             float A_scale, uint16_t* Y, int64_t M, int64_t N, int64_t K) {
   if (!A || !Y || M < 0 || N < 0 || K < 0) return QO_ERR_ARGUMENT;
-  float* a = (float*)malloc(sizeof(float) * (size_t)(M * K) + 4);
-  float* y = (float*)malloc(sizeof(float) * (size_t)(M * N) + 4);
-  int status = QO_ERR_ALLOC;
-  if (a && y) {
-    for (int64_t i = 0; i < M * K; ++i) a[i] = qo_f16_to_f32(A[i]);
-    status = qo_matmul_int8_w8a8_f32(a, B, B_scale, b_scale_count, A_scale, y, M, N, K);
-    if (status == QO_OK)
-      for (int64_t i = 0; i < M * N; ++i) Y[i] = qo_f32_to_f16(y[i]);
-  }
-  free(a);
-  free(y);
-  return status;
+  const i8_f16_args args = {B, B_scale, b_scale_count, A_scale};
+  return qo_cpu_through_f32(A, Y, M, N, K, w8a8_f32_kernel, &args);
 }

@@ -1781,9 +1781,8 @@ static void f32_to_f16_buffer(const float* src, uint16_t* dst, int64_t count) {
 }
 
 /* fp16 A / Y around a float32 kernel: A widened into a buffer, the kernel run, Y narrowed (round to nearest even). */
-typedef int (*qo_f32_kernel_fn)(const float* A, float* Y, int64_t M, int64_t N, int64_t K, const void* args);
 
-static int through_f32(const uint16_t* A, uint16_t* Y, int64_t M, int64_t N, int64_t K, qo_f32_kernel_fn kernel,
+int qo_cpu_through_f32(const uint16_t* A, uint16_t* Y, int64_t M, int64_t N, int64_t K, qo_f32_kernel_fn kernel,
                        const void* args) {
   float* a32 = f16_to_f32_buffer(A, M * K);
   float* y32 = (float*)malloc(sizeof(float) * (size_t)(M * N > 0 ? M * N : 1));
@@ -1861,7 +1860,7 @@ int qo_matmul_mxfp4_f16(const uint16_t* A, const uint8_t* B, const uint8_t* B_sc
   if (!shape_ok(A, B, Y, M, N, K) || !B_scale || K % QO_MXFP4_BLOCK != 0) return QO_ERR_ARGUMENT;
   if (M == 0 || N == 0) return QO_OK;
   const qo_args args = {B, B_scale, 0, NULL, 0.0f};
-  return through_f32(A, Y, M, N, K, mxfp4_f32_kernel, &args);
+  return qo_cpu_through_f32(A, Y, M, N, K, mxfp4_f32_kernel, &args);
 }
 
 /* ---------------- NVFP4 ---------------- */
@@ -1884,7 +1883,7 @@ int qo_matmul_nvfp4_f16(const uint16_t* A, const uint8_t* B, const uint8_t* B_sc
   if (!shape_ok(A, B, Y, M, N, K) || !B_scale || K % QO_NVFP4_BLOCK != 0) return QO_ERR_ARGUMENT;
   if (M == 0 || N == 0) return QO_OK;
   const qo_args args = {B, B_scale, 0, NULL, B_scale_2};
-  return through_f32(A, Y, M, N, K, nvfp4_f32_kernel, &args);
+  return qo_cpu_through_f32(A, Y, M, N, K, nvfp4_f32_kernel, &args);
 }
 
 /* ---------------- FP8 and INT8 weight-only ---------------- */
@@ -1917,7 +1916,7 @@ int qo_matmul_fp8_f16(const uint16_t* A, const uint8_t* B, const float* B_scale,
   if (!shape_ok(A, B, Y, M, N, K) || !scale_count_ok(B_scale, b_scale_count, N)) return QO_ERR_ARGUMENT;
   if (M == 0 || N == 0) return QO_OK;
   const qo_args args = {B, B_scale, b_scale_count, NULL, 0.0f};
-  return through_f32(A, Y, M, N, K, fp8_weight_f32_kernel, &args);
+  return qo_cpu_through_f32(A, Y, M, N, K, fp8_weight_f32_kernel, &args);
 }
 
 int qo_matmul_int8_f32(const float* A, const int8_t* B, const float* B_scale, int64_t b_scale_count, float* Y,
@@ -1930,7 +1929,7 @@ int qo_matmul_int8_f16(const uint16_t* A, const int8_t* B, const float* B_scale,
   if (!shape_ok(A, B, Y, M, N, K) || !scale_count_ok(B_scale, b_scale_count, N)) return QO_ERR_ARGUMENT;
   if (M == 0 || N == 0) return QO_OK;
   const qo_args args = {(const uint8_t*)B, B_scale, b_scale_count, NULL, 0.0f};
-  return through_f32(A, Y, M, N, K, int8_weight_f32_kernel, &args);
+  return qo_cpu_through_f32(A, Y, M, N, K, int8_weight_f32_kernel, &args);
 }
 
 /* ---------------- FP8 W8A8 ----------------
@@ -1991,7 +1990,7 @@ static int fp8_w8a8_f16(const uint16_t* A, const uint8_t* B, const float* B_scal
   if (!shape_ok(A, B, Y, M, N, K) || !scale_count_ok(B_scale, b_scale_count, N)) return QO_ERR_ARGUMENT;
   if (M == 0 || N == 0) return QO_OK;
   const qo_args args = {B, B_scale, b_scale_count, A_scale, 0.0f};
-  return through_f32(A, Y, M, N, K, fp8_w8a8_f32_kernel, &args);
+  return qo_cpu_through_f32(A, Y, M, N, K, fp8_w8a8_f32_kernel, &args);
 }
 
 int qo_matmul_fp8_w8a8_f32(const float* A, const uint8_t* B, const float* B_scale, int64_t b_scale_count,
@@ -2030,7 +2029,7 @@ static int bf16_f32_kernel(const float* A, float* Y, int64_t M, int64_t N, int64
 int qo_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_t M, int64_t N, int64_t K) {
   if (!shape_ok(A, B, Y, M, N, K)) return QO_ERR_ARGUMENT;
   if (M == 0 || N == 0) return QO_OK;
-  return through_f32(A, Y, M, N, K, bf16_f32_kernel, B);
+  return qo_cpu_through_f32(A, Y, M, N, K, bf16_f32_kernel, B);
 }
 
 /* ---------------- one block of rows for the expert ops (qo_cpu_experts.c) ---------------- */

@@ -26,6 +26,11 @@ enum { QO_ISA_PORTABLE = 0, QO_ISA_AVX2 = 1, QO_ISA_AVX512 = 2 };
 int qo_cpu_isa(void);
 enum { QO_EXT_VBMI = 0, QO_EXT_VNNI = 1 };
 int qo_cpu_avx512_ext(int ext); /* AVX512_VBMI / AVX512_VNNI present and not turned off (QO_CPU_KERNELS) */
+/* An fp16-io entry point through a float32 kernel: A widened exactly, kernel(A32, Y32, M, N, K, args), Y rounded to
+ * nearest even; QO_ERR_ALLOC when the buffers cannot be had. */
+typedef int (*qo_f32_kernel_fn)(const float* A, float* Y, int64_t M, int64_t N, int64_t K, const void* args);
+int qo_cpu_through_f32(const uint16_t* A, uint16_t* Y, int64_t M, int64_t N, int64_t K, qo_f32_kernel_fn kernel,
+                       const void* args);
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(QO_NO_CLONES) && \
     !defined(QO_PORTABLE_ONLY)
