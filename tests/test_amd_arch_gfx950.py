@@ -21,27 +21,17 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnx_helpers import build
+from onnx_slice import back, producers, slice_model
 
 REPO = Path(__file__).resolve().parents[1]
 QUARK_EXPORTS = [("llama_h64", "mxfp4"), ("deepseek_v3", "mxfp4"), ("qwen3_moe", "mxfp4"), ("llama_h64", "fp8_w8a8_kv")]
 FP4 = TensorProto.FLOAT4E2M1
 
 
-def _producers(graph):
-    return {o: n for n in graph.node for o in n.output}
-
-
-def _back(prod, name, skip=("Cast",)):
-    n = prod.get(name)
-    while n is not None and n.op_type in skip:
-        n = prod.get(n.input[0])
-    return n
-
-
 def _mx_matmuls(model) -> list[onnx.NodeProto]:
     """MatMuls with a 2-input blocked DequantizeLinear of a float4e2m1 QuantizeLinear on both inputs (through Cast
     only): what match_find_mx_quantizable_ops' block_dq reads (no zero point, scale neither scalar nor 1-D)."""
-    prod = _producers(model.graph)
+    prod = producers(model.graph.node)
     inits = {t.name: t for t in model.graph.initializer}
     out = []
     for n in model.graph.node:
@@ -49,11 +39,11 @@ def _mx_matmuls(model) -> list[onnx.NodeProto]:
             continue
         ok = True
         for i, x in enumerate(n.input[:2]):
-            dq = _back(prod, x)
+            dq = back(prod, x)
             if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) != 2:
                 ok = False
                 break
-            q = _back(prod, dq.input[0], ())
+            q = back(prod, dq.input[0], ())
             attrs = {a.name: helper.get_attribute_value(a) for a in q.attribute} if q is not None else {}
             if q is None or q.op_type != "QuantizeLinear" or attrs.get("output_dtype") != FP4:
                 ok = False
@@ -67,32 +57,6 @@ def _mx_matmuls(model) -> list[onnx.NodeProto]:
         if ok:
             out.append(n)
     return out
-
-
-def _subgraph(model, inputs: dict[str, int], outputs: list[str], out_type: int) -> onnx.ModelProto:
-    """The nodes computing `outputs` (of elem type out_type) from `inputs` (name -> elem type) and the
-    initializers, as a model."""
-    prod = _producers(model.graph)
-    inits = {t.name: t for t in model.graph.initializer}
-    nodes, used, stack, seen = set(), set(), list(outputs), set()
-    while stack:
-        v = stack.pop()
-        if v in seen or v in inputs or not v:
-            continue
-        seen.add(v)
-        if v in inits:
-            used.add(v)
-            continue
-        n = prod[v]
-        nodes.add(id(n))
-        stack.extend(n.input)
-    g = helper.make_graph([n for n in model.graph.node if id(n) in nodes], "linear",
-                          [helper.make_tensor_value_info(k, t, None) for k, t in inputs.items()],
-                          [helper.make_tensor_value_info(o, out_type, None) for o in outputs],
-                          [inits[u] for u in sorted(used)])
-    m = helper.make_model(g, opset_imports=list(model.opset_import))
-    m.ir_version = model.ir_version
-    return m
 
 
 def _crafted_x(k: int, dtype) -> np.ndarray:
@@ -135,18 +99,18 @@ def test_mx_operands_equal_the_default_forms_bit_for_bit(graphs, shape, precisio
     assert mx and not _mx_matmuls(default)
     io = TensorProto.FLOAT16 if precision == "fp16" else TensorProto.FLOAT
     dflt = {n.name: n for n in default.graph.node if n.op_type == "MatMul"}
-    gprod = _producers(gfx950.graph)
+    gprod = producers(gfx950.graph.node)
     checked = 0
     for mm in mx:
-        act_prefix = gprod[_back(gprod, mm.input[0]).input[0]].name.rsplit("/", 1)[0]   # .../MxFp4QdqAct
+        act_prefix = gprod[back(gprod, mm.input[0]).input[0]].name.rsplit("/", 1)[0]   # .../MxFp4QdqAct
         x = next(n for n in gfx950.graph.node if n.name == f"{act_prefix}/Rows").input[0]
-        k = next(t for t in gfx950.graph.initializer if t.name == _back(gprod, mm.input[1]).input[1]).dims[0] * 32
+        k = next(t for t in gfx950.graph.initializer if t.name == back(gprod, mm.input[1]).input[1]).dims[0] * 32
         feed = {x: _crafted_x(k, np.float16 if precision == "fp16" else np.float32)}
-        ours = ReferenceEvaluator(_subgraph(gfx950, {x: io}, list(mm.input), TensorProto.FLOAT)).run(None, feed)
+        ours = ReferenceEvaluator(slice_model(gfx950, {x: io}, list(mm.input), TensorProto.FLOAT)).run(None, feed)
         # the MX MatMul runs in float32 (quant/mx_gemm.py emit_mx_matmul): its operands, cast to the io dtype, are
         # the default graph's io-dtype operands
         ours = [a.astype(np.float16) if precision == "fp16" else a for a in ours]
-        ref = _subgraph(default, {x: io}, list(dflt[mm.name].input), io)
+        ref = slice_model(default, {x: io}, list(dflt[mm.name].input), io)
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         want = ort.InferenceSession(ref.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feed)
@@ -175,7 +139,7 @@ def test_every_eligible_linear_takes_the_mx_form_and_k32_keeps_todays(graphs, qu
     assert mx == {plan.linears[n].node_prefix + "/MatMul" for n in native}
     for name in k32:  # today's dq_int8 form: per-axis int8 DequantizeLinear, float activation emulation
         mm = next(n for n in gfx950.graph.node if n.name == plan.linears[name].node_prefix + "/MatMul")
-        dq = _producers(gfx950.graph)[mm.input[1]]
+        dq = producers(gfx950.graph.node)[mm.input[1]]
         assert dq.op_type == "DequantizeLinear" and dq.name.endswith("/DequantizeLinear")
 
 

@@ -18,43 +18,21 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnx_helpers import build
+from onnx_slice import all_nodes, back, producers, slice_model
 from test_amd_arch_gfx950 import FP4, _crafted_x
 
 QUARK_EXPORTS = [("qwen3_moe", "mxfp4"), ("gpt_oss", "mxfp4"), ("deepseek_v3", "mxfp4"), ("mixtral", "mxfp4"),
                  ("qwen2_moe", "mxfp4"), ("qwen3_moe", "mxfp4_fp8")]
 
 
-def _all_nodes(graph) -> list[onnx.NodeProto]:
-    """The graph's nodes and those of its If branches (names are unique across them)."""
-    out = []
-    for n in graph.node:
-        out.append(n)
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                out += _all_nodes(a.g)
-    return out
-
-
-def _producers(nodes):
-    return {o: n for n in nodes for o in n.output}
-
-
 def _attrs(n):
     return {a.name: helper.get_attribute_value(a) for a in n.attribute}
-
-
-def _skip(prod, name, ops):
-    n = prod.get(name)
-    while n is not None and n.op_type in ops:
-        name = n.input[0]
-        n = prod.get(name)
-    return n
 
 
 def _mx_dq(prod, name):
     """The 2-input DequantizeLinear of a float4e2m1 QuantizeLinear that `name` is (through Reshape: the routed rows
     of x), or None: what block_dq + skip_post_dq_ops read."""
-    dq = _skip(prod, name, ("Reshape",))
+    dq = back(prod, name, ("Reshape",))
     if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) != 2:
         return None
     q = prod.get(dq.input[0])
@@ -66,9 +44,9 @@ def _mx_dq(prod, name):
 def expert_mx_matmuls(model) -> list[onnx.NodeProto]:
     """Expert MatMuls inside If branches with the MX form on both operands, each scale at the operand's rank with
     more than one block along K (a blocked scale: block_dq's 'neither scalar nor 1-D')."""
-    nodes = _all_nodes(model.graph)
+    nodes = all_nodes(model.graph)
     top = {id(n) for n in model.graph.node}
-    prod = _producers(nodes)
+    prod = producers(nodes)
     return [n for n in nodes if n.op_type == "MatMul" and id(n) not in top
             and all(_mx_dq(prod, x) is not None for x in n.input[:2])]
 
@@ -85,50 +63,15 @@ def _activation_input(prod, matmul) -> str:
     return x
 
 
-def _flat_model(model, inputs: dict[str, int], outputs: list[str], out_type: int) -> onnx.ModelProto:
-    """The nodes (main graph and If branches) computing `outputs` from `inputs` and the initializers."""
-    nodes = _all_nodes(model.graph)
-    prod = _producers(nodes)
-    inits = {t.name: t for t in model.graph.initializer}
-    keep, used, stack, seen = set(), set(), list(outputs), set()
-    while stack:
-        v = stack.pop()
-        if v in seen or v in inputs or not v:
-            continue
-        seen.add(v)
-        if v in inits:
-            used.add(v)
-            continue
-        n = prod[v]
-        keep.add(id(n))
-        stack.extend(n.input)
-    order = [n for n in nodes if id(n) in keep]
-    # a branch node may come after the If in the flat list: sort topologically
-    done, ranked = set(inputs) | set(inits), []
-    while order:
-        ready = [n for n in order if all(not i or i in done for i in n.input)]
-        assert ready, "cycle"
-        for n in ready:
-            ranked.append(n)
-            done.update(n.output)
-        order = [n for n in order if id(n) not in {id(r) for r in ready}]
-    g = helper.make_graph(ranked, "experts", [helper.make_tensor_value_info(k, t, None) for k, t in inputs.items()],
-                          [helper.make_tensor_value_info(o, out_type, None) for o in outputs],
-                          [inits[u] for u in sorted(used)])
-    m = helper.make_model(g, opset_imports=list(model.opset_import))
-    m.ir_version = model.ir_version
-    return m
-
-
 def _feeds(model, matmul, x_name: str, idx_name: str, io_np, k_dim: int) -> dict[str, np.ndarray]:
     """Crafted activations (tests/test_amd_arch_gfx950.py _crafted_x: ties, all-zero block, 1.75 * 2^E maxima, ...)
     in the shape the branch gives them, and routing indices [8, k] covering several experts."""
-    nodes = _all_nodes(model.graph)
+    nodes = all_nodes(model.graph)
     inits = {t.name: t for t in model.graph.initializer}
-    prod = _producers(nodes)
+    prod = producers(nodes)
     idx_node = prod[idx_name]                                    # Reshape(top_idx, [-1, k])
     top_k = int(onnx.numpy_helper.to_array(inits[idx_node.input[1]])[-1])
-    w_gather = _skip(prod, _mx_dq(prod, matmul.input[1]).input[0], ())
+    w_gather = back(prod, _mx_dq(prod, matmul.input[1]).input[0], ())
     data = next(n for n in nodes if n.name == w_gather.name.rsplit("/weight/", 1)[0] + "/weight/GatherWeight")
     e_count = inits[data.input[0]].dims[0]
     rng = np.random.default_rng(3)
@@ -168,13 +111,13 @@ def test_expert_mx_operands_equal_the_default_forms_bit_for_bit(graphs, shape, p
     mx = expert_mx_matmuls(gfx950)
     assert not expert_mx_matmuls(default)
     layers = sum(n.op_type == "If" for n in gfx950.graph.node)
-    chunks = sum(1 for n in _all_nodes(gfx950.graph) if "/all_experts/chunk" in n.name and n.name.endswith("/Experts"))
+    chunks = sum(1 for n in all_nodes(gfx950.graph) if "/all_experts/chunk" in n.name and n.name.endswith("/Experts"))
     assert layers and len(mx) == per_branch * (layers + chunks), (len(mx), layers, chunks)
     io = TensorProto.FLOAT16 if precision == "fp16" else TensorProto.FLOAT
     io_np = np.float16 if precision == "fp16" else np.float32
-    nodes = _all_nodes(gfx950.graph)
-    prod = _producers(nodes)
-    dflt = {n.name: n for n in _all_nodes(default.graph) if n.op_type == "MatMul"}
+    nodes = all_nodes(gfx950.graph)
+    prod = producers(nodes)
+    dflt = {n.name: n for n in all_nodes(default.graph) if n.op_type == "MatMul"}
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     for mm in mx:
@@ -188,9 +131,9 @@ def test_expert_mx_operands_equal_the_default_forms_bit_for_bit(graphs, shape, p
         assert k_dim > 32
         feed = _feeds(gfx950, mm, x, idx, io_np, k_dim)
         inputs = {x: io, idx: TensorProto.INT64}
-        ours = ReferenceEvaluator(_flat_model(gfx950, inputs, list(mm.input), TensorProto.FLOAT)).run(None, feed)
+        ours = ReferenceEvaluator(slice_model(gfx950, inputs, list(mm.input), TensorProto.FLOAT)).run(None, feed)
         ours = [a.astype(io_np) for a in ours]  # the MX MatMul runs in float32 (quant/mx_gemm.py emit_mx_matmul)
-        ref = _flat_model(default, inputs, list(dflt[mm.name].input), io)
+        ref = slice_model(default, inputs, list(dflt[mm.name].input), io)
         want = ort.InferenceSession(ref.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feed)
         for a, b in zip(ours, want):
             assert a.dtype == b.dtype and a.shape == b.shape, (mm.name, a.shape, b.shape)

@@ -333,19 +333,10 @@ int qo_matmul_int8_w8a8_f32(const float* A, const int8_t* B, const float* B_scal
       !(b_scale_count == 1 || b_scale_count == N) || !(A_scale > 0.0f) || isinf(A_scale))
     return QO_ERR_ARGUMENT;
   if (M == 0 || N == 0) return QO_OK;
-  i8_job j;
-  memset(&j, 0, sizeof j);
-  j.B = B;
-  j.b_scale = B_scale;
-  j.b_scale_count = b_scale_count;
-  j.a_scale = A_scale;
-  j.M = M;
-  j.N = N;
-  j.K = K;
-  j.Kp = (K + 63) / 64 * 64;
-  j.Y = Y;
-  j.path = pick_path();
-  j.rows_per_task = M <= QO_I8_GEMV_MAX_M ? QO_I8_GEMV_ROWS : QO_I8_PANEL_ROWS;
+  const int64_t Kp = (K + 63) / 64 * 64;
+  i8_job j = {.B = B, .b_scale = B_scale, .b_scale_count = b_scale_count, .a_scale = A_scale, .M = M, .N = N,
+              .K = K, .Kp = Kp, .Y = Y, .path = pick_path(),
+              .rows_per_task = M <= QO_I8_GEMV_MAX_M ? QO_I8_GEMV_ROWS : QO_I8_PANEL_ROWS};
   const int64_t q_bytes = M * j.Kp + 64;
   int8_t* q = (int8_t*)malloc((size_t)q_bytes);
   int64_t* qsum = (int64_t*)malloc(sizeof(int64_t) * (size_t)M);
@@ -361,11 +352,6 @@ int qo_matmul_int8_w8a8_f32(const float* A, const int8_t* B, const float* B_scal
   j.q = q;
   j.q16 = q16;
   j.qsum = qsum;
-  if (K == 0) {
-    for (int64_t i = 0; i < M * N; ++i) Y[i] = finish(0, A_scale, B_scale[b_scale_count == 1 ? 0 : i % N]);
-    status = QO_OK;
-    goto done;
-  }
   status = qo_cpu_parallel_for(i8_task, (size_t)((N + j.rows_per_task - 1) / j.rows_per_task), &j);
 done:
   free(q);
