@@ -129,7 +129,9 @@ def test_gpu_eps_get_the_routed_standard_op_form(exports, tmp_path, ep, shape, r
     ("uint4_g32", "cpu", {"moe": "gather"}, "2 sparse layer(s) routed in standard ops"),
     ("mxfp4", "cpu", {}, "2 sparse layer(s) routed through com.quark_onnx MatMulExperts*"),
     ("mxfp4", "cpu", {"moe": "gather"}, "2 sparse layer(s) routed in standard ops"),
-    ("uint4_g32_expert3_excluded", "cpu", {}, "because of experts whose schemes do not stack"),
+    ("uint4_g32_expert3_excluded", "cpu", {}, "because of experts that do not stack (layer 0: "
+     "model.layers.0.mlp.experts.0.gate_proj and model.layers.0.mlp.experts.3.gate_proj differ in quantization "
+     "(int/uint4/per_group/32 ["),
 ])
 def test_plan_says_which_moe_form(exports, recipe, ep, extra, note):
     from builder.convert import plan_model

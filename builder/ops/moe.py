@@ -155,6 +155,7 @@ def form_note(model_plan, blocks: dict[int, list[tuple]], biases: bool = False) 
     n_qmoe = sum(f == "qmoe" for f, _ in forms.values())
     n_gather = sum(f == "gather" for f, _ in forms.values())
     n_dense = len(forms) - n_qmoe - n_gather
+    first_dense = next((i for i, (f, _) in sorted(forms.items()) if f == "dense"), None)
     if n_qmoe:
         parts.append(f"{n_qmoe} sparse layer(s) as one com.microsoft QMoE each (routed, 4-bit experts, "
                      f"block_size {', '.join(str(b) for b in qmoe)})")
@@ -167,7 +168,7 @@ def form_note(model_plan, blocks: dict[int, list[tuple]], biases: bool = False) 
                      "weights; If: every expert, chunked, past E/k tokens)")
     if n_dense:
         why = ("--extra_options moe=dense" if moe_form(ctx) == "dense" else
-               "experts whose schemes do not stack (mixed or excluded experts, dynamic FP8 activations)")
+               f"experts that do not stack (layer {first_dense}: {routed_experts.why_not(blocks[first_dense])})")
         parts.append(f"{n_dense} of {len(forms)} sparse layer(s) dense (every expert runs, weighted by the routing) "
                      f"because of {why}")
     return "MoE: " + "; ".join(parts)

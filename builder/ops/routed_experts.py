@@ -177,11 +177,41 @@ def stack_key(plan):
 
 def applies(experts: list[tuple]) -> bool:
     """Every projection position has one stackable format across the experts (and one shape)."""
+    return why_not(experts) is None
+
+
+def _unstackable(plan) -> str:
+    """Why stack_key(plan) is None, in words (for `inspect`)."""
+    scheme, spec = plan.scheme, plan.spec
+    if scheme in (IntWeightOnly, Mxfp4Linear, Mxfp4Fp8Linear, Nvfp4Linear) and plan.out_features % 2:
+        return f"an odd output width ({plan.out_features}) of its 4-bit packed weight"
+    if scheme is Fp8W8A8:
+        if spec.output_tensors:
+            return "FP8 output quantization"
+        return f"{activation_mode(spec).replace('_', ' per ').replace('per tensor', 'per-tensor')} FP8 activations"
+    return f"its scheme ({getattr(scheme, 'name', scheme.__name__)}), which the stacked form does not hold"
+
+
+def why_not(experts: list[tuple]) -> str | None:
+    """None when `applies`; else one line naming the first projection whose experts do not stack, and why."""
     for j in range(len(experts[0])):
-        keys = {(stack_key(e[j]), e[j].in_features, e[j].out_features) for e in experts}
-        if len(keys) != 1 or next(iter(keys))[0] is None:
-            return False
-    return True
+        keys = {}
+        for e in experts:
+            keys.setdefault((stack_key(e[j]), e[j].in_features, e[j].out_features), e[j])
+        if len(keys) == 1 and next(iter(keys))[0] is not None:
+            continue
+        bad = next((p for k, p in keys.items() if k[0] is None), None)
+        if bad is not None:
+            return f"{bad.name}: {_unstackable(bad)}"
+        (k0, p0), (k1, p1) = list(keys.items())[:2]
+        what = "shape" if k0[0] == k1[0] else "quantization"
+        return f"{p0.name} and {p1.name} differ in {what} ({_describe_key(k0)} vs {_describe_key(k1)})"
+    return None
+
+
+def _describe_key(key) -> str:
+    fmt, k, n = key
+    return f"{'/'.join(str(x) for x in fmt if x is not None)} [{n}, {k}]"
 
 
 # ---- lookup tables (one per graph) ------------------------------------------------------------------------------
