@@ -203,6 +203,11 @@ def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, 
     custom = Counter(op for lp in linears.values()
                      if (op := getattr(lp.scheme, "custom_op", lambda *_: None)(lp, ep, io)))
     notes += [kernel_note(op, n, ep.name, options.custom_ops_library, library_kernels) for op, n in custom.items()]
+    from .arch.llama import prefill_logits_form
+    if prefill_logits_form(options, ep.name) == "last":
+        notes.append("logits: each sequence's last position only ([batch, 1, vocab]; a prompt runs the lm_head once; "
+                     "onnxruntime-genai reads it as a pruned model); --extra_options prefill_logits=all for every "
+                     "position (teacher-forced perplexity)")
     model_plan = ModelPlan(source, cfg, quant, family, hp, ep, io, options, linears, notes)
     model_plan.generation = generation
     if hasattr(family, "check_plans"):  # what a family cannot express about its resolved layers or on this EP

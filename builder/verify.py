@@ -55,17 +55,27 @@ def load_onnx_model(onnx_dir: str, provider: str | None):
 
 
 def onnx_sequence_logits(og_model, token_ids: np.ndarray) -> np.ndarray:
-    """[T, vocab] float32 logits of one forward pass over token_ids (prompt processing)."""
+    """[T, vocab] float32 logits of token_ids, teacher forced: one forward pass over them (prompt processing), or,
+    for an output whose logits are the last position's only (prefill_logits=last, the cpu default), one token at a
+    time through the KV cache, each step's logits being that position's."""
     import onnxruntime_genai as og
 
     params = og.GeneratorParams(og_model)
     params.set_search_options(max_length=int(token_ids.size) + 1, do_sample=False)
     generator = og.Generator(og_model, params)
-    generator.append_tokens(token_ids.reshape(1, -1).astype(np.int32))
+    ids = token_ids.reshape(1, -1).astype(np.int32)
+    generator.append_tokens(ids)
     logits = np.asarray(generator.get_output("logits"), dtype=np.float32)
-    if logits.shape[1] != token_ids.size:
+    if logits.shape[1] == token_ids.size:
+        return logits[0]
+    if logits.shape[1] != 1:
         raise RuntimeError(f"onnxruntime-genai returned logits for {logits.shape[1]} of {token_ids.size} positions")
-    return logits[0]
+    generator = og.Generator(og_model, params)  # pruned logits: the same positions, one decode step each
+    rows = []
+    for t in range(ids.shape[1]):
+        generator.append_tokens(ids[:, t:t + 1])
+        rows.append(np.asarray(generator.get_output("logits"), dtype=np.float32).reshape(-1))
+    return np.stack(rows)
 
 
 def onnx_greedy(og_model, prompt_ids: np.ndarray, new_tokens: int) -> list[int]:

@@ -20,6 +20,9 @@ NEW_TOKENS = 16
 def build(export: Path, out: Path, ep: str = "cpu", precision: str | None = "fp32", **options) -> Path:
     """Convert `export/quark` (a factory export dir) or `export` itself (a Quark folder) into `out`."""
     src = export / "quark" if (export / "quark").is_dir() else export
+    # every prompt position's logits, which the numerics tests compare with Quark's (the cpu default is the last
+    # position only: tests/test_prefill_logits.py checks that form against this one)
+    options.setdefault("prefill_logits", "all")
     known = set(BuildOptions.__dataclass_fields__) - {"extra"}
     extra = {k: v for k, v in options.items() if k not in known}
     kwargs = {k: v for k, v in options.items() if k in known}

@@ -118,6 +118,7 @@ def test_no_library_one_line_and_fp32_forms(exports, tmp_path, monkeypatch):
     """Library neither built nor buildable: one warning naming the reason and the command, the fp32 forms, a
     genai_config without a library, and the same logits as the compact form."""
     from builder.convert import convert
+    from builder.emit_context import BuildOptions
     from custom_ops import ort_library
 
     src = exports["ptpc_fp8"]
@@ -128,7 +129,8 @@ def test_no_library_one_line_and_fp32_forms(exports, tmp_path, monkeypatch):
         raise ort_library.BuildFailed("no C and C++ compiler found (set CC/CXX) to build the ORT custom-op library")
     monkeypatch.setattr(ort_library, "build", no_compiler)
     warnings, logs = [], []
-    convert(src / "quark", tmp_path / "dense", "cpu", "fp32", log=logs.append, warn=warnings.append)
+    convert(src / "quark", tmp_path / "dense", "cpu", "fp32", BuildOptions(extra={"prefill_logits": "all"}),
+            log=logs.append, warn=warnings.append)
     assert len(warnings) == 1, warnings
     assert "no C and C++ compiler" in warnings[0] and compact_forms.BUILD_COMMAND in warnings[0]
     assert "\n" not in warnings[0]

@@ -22,6 +22,7 @@ from w8a8_emulation import TOL_VS_EMULATION, cpu_vs_references
 
 from builder.convert import convert
 from builder.emit_context import BuildOptions
+from builder.emit_context import BuildOptions
 from builder.errors import ConversionError
 
 FP8_RECIPES = ("fp8_w8a8_kv", "fp8_w8a8_kv_attn", "ptpc_fp8")
@@ -64,7 +65,8 @@ def test_qdq_form_equals_cpu_form(exports, tmp_path):
     """The QDQ graph (MIGraphX profile, fp32) run by ORT CPU gives the CPU fast form's logits."""
     src = exports["fp8_w8a8_kv"]
     ids = np.load(src / "reference.npz")["input_ids"]
-    convert(src / "quark", tmp_path / "cpu", "cpu", log=lambda m: None)
+    convert(src / "quark", tmp_path / "cpu", "cpu", options=BuildOptions(extra={"prefill_logits": "all"}),
+            log=lambda m: None)
     convert(src / "quark", tmp_path / "qdq", "migraphx", "fp32", log=lambda m: None)
     assert fp8_weight_dq_count(tmp_path / "qdq") == 14 and fp8_weight_dq_count(tmp_path / "cpu") == 0
     diff = np.abs(prompt_logits(tmp_path / "cpu", ids) - prompt_logits(tmp_path / "qdq", ids)).max()

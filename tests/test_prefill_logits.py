@@ -43,3 +43,37 @@ def test_last_position_logits_equal_the_full_ones(export, tmp_path):
         np.testing.assert_allclose(last_logits[row, 0], all_logits[row, valid - 1], rtol=0, atol=1e-5)
     assert np.abs(last_logits[1, 0] - all_logits[1, -1]).max() > 1e-3  # the padded row's own token, not the end
     assert genai_greedy(last, ref["input_ids"]) == genai_greedy(full, ref["input_ids"]) == ref["greedy"].tolist()
+
+
+def _logits_dim1(model_dir):
+    outputs = {o.name: o for o in onnx.load(str(model_dir / "model.onnx"), load_external_data=False).graph.output}
+    d = outputs["logits"].type.tensor_type.shape.dim[1]
+    return d.dim_param or d.dim_value
+
+
+def test_cpu_default_is_the_last_position_and_gpu_eps_keep_every_position(export, tmp_path):
+    """The default of `quark-onnx -e cpu` (not tests' build(), which asks for every position), and its plan note."""
+    from builder.convert import convert, plan_model
+    from builder.emit_context import BuildOptions
+    convert(export / "quark", tmp_path / "cpu", "cpu", None, BuildOptions(), log=lambda _m: None)
+    assert _logits_dim1(tmp_path / "cpu") == 1
+    convert(export / "quark", tmp_path / "cuda", "cuda", None, BuildOptions(), log=lambda _m: None)
+    assert _logits_dim1(tmp_path / "cuda") == "sequence_length"
+    plan, ckpt = plan_model(export / "quark", "cpu")
+    ckpt.close()
+    assert any(n.startswith("logits: each sequence's last position only") for n in plan.notes), plan.notes
+    ref = np.load(export / "reference.npz")
+    assert genai_greedy(tmp_path / "cpu", ref["input_ids"]) == ref["greedy"].tolist()
+
+
+def test_verify_reads_a_pruned_output_one_position_at_a_time(export, tmp_path):
+    """builder/verify.py's teacher-forced logits (verify, tools/isa_eval.py) from a last-position output: stepped
+    through the KV cache, equal to the every-position output's prompt logits."""
+    from builder.verify import load_onnx_model, onnx_sequence_logits
+    full = build(export, tmp_path / "all", custom_ops_library="none")
+    last = build(export, tmp_path / "last", custom_ops_library="none", prefill_logits="last")
+    ids = np.load(export / "reference.npz")["input_ids"].reshape(-1)
+    stepped = onnx_sequence_logits(load_onnx_model(str(last), None), ids)
+    whole = onnx_sequence_logits(load_onnx_model(str(full), None), ids)
+    assert stepped.shape == whole.shape == (ids.size, whole.shape[1])
+    np.testing.assert_allclose(stepped, whole, rtol=0, atol=1e-5)

@@ -77,10 +77,20 @@ def decoder_inputs(ctx, attention) -> DecoderIO:
 
 
 PREFILL_LOGITS_FORMS = ("all", "last")  # --extra_options prefill_logits
+# The cpu EP's default is "last": a prompt's lm_head runs once per sequence instead of once per token (the logits of
+# the other positions, which onnxruntime-genai's generation never reads, cost a vocabulary-wide GEMM each and a
+# [B, T, vocab] output: 3.3 GB in fp32 for a 4096-token gpt-oss prompt). The GPU EPs keep "all" until this form is
+# checked in MIGraphX and on a CUDA device. Teacher-forced logits of every position (perplexity, `verify`, the
+# numerics tests) come from "all", or from a pruned model one token at a time (builder/verify.py).
+PREFILL_LOGITS_DEFAULT = {"cpu": "last"}
+
+
+def prefill_logits_form(options, ep_name: str) -> str:
+    return options.extra.get("prefill_logits", PREFILL_LOGITS_DEFAULT.get(ep_name, "all"))
 
 
 def last_position_only(ctx) -> bool:
-    return ctx.options.extra.get("prefill_logits", "all") == "last"
+    return prefill_logits_form(ctx.options, ctx.ep.name) == "last"
 
 
 def lm_head_input(ctx, x: str) -> str:
