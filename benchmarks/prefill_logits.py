@@ -2,7 +2,7 @@
 (every position's logits), on real_size.py's layer-sliced synthetic exports with the release's vocabulary share.
 
     python benchmarks/prefill_logits.py [--rows fp8_kv,gpt_oss_mxfp4,qwen3_moe_mxfp4] [--layers 2] [--prefill 128 1024]
-                                        [--rounds 3] [--work DIR] [--json OUT]
+                                        [--rounds 3] [--vocab proportional|N] [--work DIR] [--json OUT]
 
 Per row: one export (benchmarks/real_size.py write_export, `--vocab proportional`: the slice's vocabulary is the
 release's x layers / depth, so that the lm_head keeps its full-model share of a prompt's work), converted with
@@ -31,6 +31,9 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--prefill", type=int, nargs="+", default=[128, 1024])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--vocab", default="proportional",
+                    help="the slice's vocabulary: proportional (the lm_head's full-model share of the work), or a size "
+                         "(e.g. the release's: its logits' full memory)")
     ap.add_argument("--work", default="/tmp/qo_prefill_logits")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -42,7 +45,7 @@ def main(argv=None) -> int:
     rows = []
     for name in a.rows.split(","):
         _, _, release, shape = real_size.SCHEMES[name]
-        vocab = real_size.slice_vocab("proportional", shape, a.layers)
+        vocab = real_size.slice_vocab(a.vocab, shape, a.layers)
         export = real_size.write_export(work / f"{name}_export", name, a.layers, vocab)
         outs = {form: work / f"{name}_{form}" for form in ("all", "last")}
         for form, out in outs.items():
