@@ -163,7 +163,8 @@ static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, 
     if (floats) {
       a_prep = (float*)malloc(sizeof(float) * (size_t)floats + 64);
       if (!a_prep) goto done;
-      job->a_prep = a_prep;
+      /* 64-byte aligned (each expert's rows start at a multiple of 32 floats): no 16-float load splits a line */
+      job->a_prep = (float*)(((uintptr_t)a_prep + 63) & ~(uintptr_t)63);
       job->prep_offset = prep_offset;
       if (pairs * K >= QO_SERIAL_BELOW) {
         status = qo_cpu_parallel_for(prepare_task, (size_t)n_used, job);
