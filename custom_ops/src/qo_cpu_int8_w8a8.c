@@ -348,9 +348,12 @@ int qo_matmul_int8_w8a8_f32(const float* A, const int8_t* B, const float* B_scal
     if (!q16) goto done;
   }
   const float inv = 1.0f / A_scale;
-  quantize_rows(A, M, K, j.Kp, inv, j.path, q, q16, qsum);
-  j.q = q;
-  j.q16 = q16;
+  /* 64-byte aligned rows (Kp is a multiple of 64): no vector load of the quantized A splits a cache line */
+  int8_t* q64 = (int8_t*)(((uintptr_t)q + 63) & ~(uintptr_t)63);
+  int16_t* q16_64 = q16 ? (int16_t*)(((uintptr_t)q16 + 63) & ~(uintptr_t)63) : NULL;
+  quantize_rows(A, M, K, j.Kp, inv, j.path, q64, q16_64, qsum);
+  j.q = q64;
+  j.q16 = q16_64;
   j.qsum = qsum;
   status = qo_cpu_parallel_for(i8_task, (size_t)((N + j.rows_per_task - 1) / j.rows_per_task), &j);
 done:
