@@ -1739,9 +1739,11 @@ static int run_gemm(const float* A, int64_t M, int64_t N, int64_t K, const qo_we
   float* a_pack = NULL;
   uint8_t* mxi = NULL;
   if (w->fmt == QO_W_MXFP4) { /* A checked for the MXFP4 grid once (mxi_prepare) */
-    mxi = (uint8_t*)malloc((size_t)mxi_bytes(M, K));
+    mxi = (uint8_t*)malloc((size_t)mxi_bytes(M, K) + 64);
     if (!mxi) return QO_ERR_ALLOC;
-    if (mxi_prepare(A, M, K, mxi)) job.mxi = mxi;
+    /* 64-byte aligned, as its layout assumes (header padded to 64 bytes, 64-byte chunks) */
+    uint8_t* mxi64 = (uint8_t*)align64((float*)mxi);
+    if (mxi_prepare(A, M, K, mxi64)) job.mxi = mxi64;
   }
   if (M > QO_GEMV_MAX_M && job.mxi) job.rows_per_task = QO_PANEL_ROWS;
 #if QO_X86_AVX2
