@@ -1742,7 +1742,7 @@ static int run_gemm(const float* A, int64_t M, int64_t N, int64_t K, const qo_we
     mxi = (uint8_t*)malloc((size_t)mxi_bytes(M, K) + 64);
     if (!mxi) return QO_ERR_ALLOC;
     /* 64-byte aligned, as its layout assumes (header padded to 64 bytes, 64-byte chunks) */
-    uint8_t* mxi64 = (uint8_t*)align64((float*)mxi);
+    uint8_t* mxi64 = (uint8_t*)(((uintptr_t)mxi + 63) & ~(uintptr_t)63);
     if (mxi_prepare(A, M, K, mxi64)) job.mxi = mxi64;
   }
   if (M > QO_GEMV_MAX_M && job.mxi) job.rows_per_task = QO_PANEL_ROWS;
