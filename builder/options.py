@@ -169,8 +169,9 @@ OPTIONS: dict[str, Option] = {
                         "token embedding storage: float (io dtype) | bf16 (checkpoint's bf16 bits, Gather + Cast, exact; "
                         "cpu)"),
     "prefill_logits": Option(choice("all", "last"), None,
-                             "logits a prompt run returns: all (every position) | last (each sequence's last token "
-                             "only: the lm_head runs once per sequence; onnxruntime-genai reads it)"),
+                             "logits a prompt run returns: all (every position; cuda default) | last (each sequence's "
+                             "last token only: the lm_head runs once per sequence; onnxruntime-genai reads it; default "
+                             "on cpu, rocm, migraphx)"),
     "custom_ops_library": Option(_path, None, "custom-op shared library, copied into the output folder (cpu default: found or built by the "
                                  "converter; none: no library and the dense fp32 forms)"),
 }

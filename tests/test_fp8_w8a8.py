@@ -67,7 +67,8 @@ def test_qdq_form_equals_cpu_form(exports, tmp_path):
     ids = np.load(src / "reference.npz")["input_ids"]
     convert(src / "quark", tmp_path / "cpu", "cpu", options=BuildOptions(extra={"prefill_logits": "all"}),
             log=lambda m: None)
-    convert(src / "quark", tmp_path / "qdq", "migraphx", "fp32", log=lambda m: None)
+    convert(src / "quark", tmp_path / "qdq", "migraphx", "fp32", options=BuildOptions(extra={"prefill_logits": "all"}),
+            log=lambda m: None)
     assert fp8_weight_dq_count(tmp_path / "qdq") == 14 and fp8_weight_dq_count(tmp_path / "cpu") == 0
     diff = np.abs(prompt_logits(tmp_path / "cpu", ids) - prompt_logits(tmp_path / "qdq", ids)).max()
     assert diff < 1e-5, diff

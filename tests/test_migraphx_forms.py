@@ -62,6 +62,7 @@ def exports(quark_exports):
 
 
 def _convert(export: Path, out: Path, ep: str, precision=None, **extra):
+    extra.setdefault("prefill_logits", "all")  # every prompt position, compared with Quark's (default: the last)
     convert(export / "quark", out, ep, precision, BuildOptions(extra=extra), log=lambda _m: None)
     return out
 

@@ -51,14 +51,14 @@ def _logits_dim1(model_dir):
     return d.dim_param or d.dim_value
 
 
-def test_cpu_default_is_the_last_position_and_gpu_eps_keep_every_position(export, tmp_path):
-    """The default of `quark-onnx -e cpu` (not tests' build(), which asks for every position), and its plan note."""
+def test_default_is_the_last_position_but_on_cuda(export, tmp_path):
+    """The default of `quark-onnx -e cpu / rocm / migraphx` (not tests' build(), which asks for every position; the
+    AMD graphs of this form are compared in MIGraphX ref by tests/test_migraphx_ref.py), cuda's, and the plan note."""
     from builder.convert import convert, plan_model
     from builder.emit_context import BuildOptions
-    convert(export / "quark", tmp_path / "cpu", "cpu", None, BuildOptions(), log=lambda _m: None)
-    assert _logits_dim1(tmp_path / "cpu") == 1
-    convert(export / "quark", tmp_path / "cuda", "cuda", None, BuildOptions(), log=lambda _m: None)
-    assert _logits_dim1(tmp_path / "cuda") == "sequence_length"
+    for ep, dim in (("cpu", 1), ("rocm", 1), ("migraphx", 1), ("cuda", "sequence_length")):
+        convert(export / "quark", tmp_path / ep, ep, None, BuildOptions(), log=lambda _m: None)
+        assert _logits_dim1(tmp_path / ep) == dim, ep
     plan, ckpt = plan_model(export / "quark", "cpu")
     ckpt.close()
     assert any(n.startswith("logits: each sequence's last position only") for n in plan.notes), plan.notes

@@ -77,12 +77,14 @@ def decoder_inputs(ctx, attention) -> DecoderIO:
 
 
 PREFILL_LOGITS_FORMS = ("all", "last")  # --extra_options prefill_logits
-# The cpu EP's default is "last": a prompt's lm_head runs once per sequence instead of once per token (the logits of
-# the other positions, which onnxruntime-genai's generation never reads, cost a vocabulary-wide GEMM each and a
-# [B, T, vocab] output: 3.3 GB in fp32 for a 4096-token gpt-oss prompt). The GPU EPs keep "all" until this form is
-# checked in MIGraphX and on a CUDA device. Teacher-forced logits of every position (perplexity, `verify`, the
-# numerics tests) come from "all", or from a pruned model one token at a time (builder/verify.py).
-PREFILL_LOGITS_DEFAULT = {"cpu": "last"}
+# The default is "last" on cpu, rocm and migraphx: a prompt's lm_head runs once per sequence instead of once per
+# token (the logits of the other positions, which onnxruntime-genai's generation never reads, cost a
+# vocabulary-wide GEMM each and a [B, T, vocab] output: 3.3 GB in fp32 for a 4096-token gpt-oss prompt). The AMD
+# graphs were checked in MIGraphX's parser and ref target against ORT CPU (every tiny scheme and MoE family,
+# docs/amd_generations.md); cuda keeps "all" until it runs on a CUDA device. Teacher-forced logits of every position
+# (perplexity, `verify`, the numerics tests) come from "all", or from a pruned model one token at a time
+# (builder/verify.py).
+PREFILL_LOGITS_DEFAULT = {"cpu": "last", "rocm": "last", "migraphx": "last"}
 
 
 def prefill_logits_form(options, ep_name: str) -> str:
