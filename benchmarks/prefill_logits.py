@@ -51,17 +51,15 @@ def main(argv=None) -> int:
         for form, out in outs.items():
             real_size.convert(export, out, [f"prefill_logits={form}"])
         for prompt in a.prefill:
-            best: dict[str, dict] = {}
+            runs: dict[str, list] = {form: [] for form in outs}
             for _ in range(a.rounds):
                 for form, out in outs.items():
-                    r = real_size.run_child(out, prompt, 1)
-                    if "error" in r:
-                        best.setdefault(form, r)
-                        continue
-                    b = best.get(form)
-                    if b is None or "error" in b or r["prefill_ms"] < b["prefill_ms"]:
-                        best[form] = dict(r, decode_rss_mib=min(r["decode_rss_mib"], (b or r).get("decode_rss_mib",
-                                                                                                   r["decode_rss_mib"])))
+                    runs[form].append(real_size.run_child(out, prompt, 1))
+            best = {}  # per form: the fastest prompt, with the lowest peak RSS of the rounds (or the first error)
+            for form, rs in runs.items():
+                ok = [r for r in rs if "error" not in r]
+                best[form] = dict(min(ok, key=lambda r: r["prefill_ms"]),
+                                  decode_rss_mib=min(r["decode_rss_mib"] for r in ok)) if ok else rs[0]
             for form in outs:
                 r = best[form]
                 logits_mib = (prompt if form == "all" else 1) * vocab * 4 / 2**20

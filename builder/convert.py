@@ -30,6 +30,7 @@ from .progress import ProgressBar
 from .options import options_not_applying
 from .output_dir import (make_temp, remove_tree, resolve_output, signals_raise, swap_into_place, write_error,
                          write_marker)
+from .arch.llama import PREFILL_LOGITS_FORMS, prefill_logits_form
 from .ops.moe import INT4_EXPERTS_FORMS, MOE_FORMS
 from .quant import LinearPlan, scheme_for
 from .quant.float_int8 import LM_HEAD_FORMS, FloatToInt8Linear
@@ -203,7 +204,6 @@ def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, 
     custom = Counter(op for lp in linears.values()
                      if (op := getattr(lp.scheme, "custom_op", lambda *_: None)(lp, ep, io)))
     notes += [kernel_note(op, n, ep.name, options.custom_ops_library, library_kernels) for op, n in custom.items()]
-    from .arch.llama import prefill_logits_form
     if prefill_logits_form(options, ep.name) == "last":
         notes.append("logits: each sequence's last position only ([batch, 1, vocab]; a prompt runs the lm_head once; "
                      "onnxruntime-genai reads it as a pruned model); --extra_options prefill_logits=all for every "
@@ -303,7 +303,7 @@ LM_HEAD_SCHEMES = {"int8": (FloatToInt8Linear, "quantizes a copy of it to 8 bits
 AMD_EPS = ("rocm", "migraphx")  # --extra_options amd_arch (builder/quant/mx_gemm.py)
 OPTION_CHOICES = {**EP_OVERRIDES, "amd_arch": AMD_ARCHES,
                   "moe": MOE_FORMS, "int4_experts": INT4_EXPERTS_FORMS, "lm_head": LM_HEAD_FORMS,
-                  "prefill_logits": ("all", "last")}
+                  "prefill_logits": PREFILL_LOGITS_FORMS}
 
 
 def check_options(options: BuildOptions) -> None:

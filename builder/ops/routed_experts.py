@@ -180,6 +180,9 @@ def applies(experts: list[tuple]) -> bool:
     return why_not(experts) is None
 
 
+_FP8_MODE_WORDS = {"dynamic_tensor": "dynamic per-tensor", "dynamic_token": "dynamic per-token"}
+
+
 def _unstackable(plan) -> str:
     """Why stack_key(plan) is None, in words (for `inspect`)."""
     scheme, spec = plan.scheme, plan.spec
@@ -188,7 +191,7 @@ def _unstackable(plan) -> str:
     if scheme is Fp8W8A8:
         if spec.output_tensors:
             return "FP8 output quantization"
-        return f"{activation_mode(spec).replace('_', ' per ').replace('per tensor', 'per-tensor')} FP8 activations"
+        return f"{_FP8_MODE_WORDS.get(activation_mode(spec), activation_mode(spec))} FP8 activations"
     return f"its scheme ({getattr(scheme, 'name', scheme.__name__)}), which the stacked form does not hold"
 
 

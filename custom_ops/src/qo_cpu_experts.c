@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "qo_cpu_simd.h"
 #include "qo_kernels.h"
 
 #define QO_EXPERT_GEMV_ROWS 16
@@ -163,8 +164,8 @@ static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, 
     if (floats) {
       a_prep = (float*)malloc(sizeof(float) * (size_t)floats + 64);
       if (!a_prep) goto done;
-      /* 64-byte aligned (each expert's rows start at a multiple of 32 floats): no 16-float load splits a line */
-      job->a_prep = (float*)(((uintptr_t)a_prep + 63) & ~(uintptr_t)63);
+      /* each expert's rows start at a multiple of 32 floats, so all of them are aligned */
+      job->a_prep = qo_align64(a_prep);
       job->prep_offset = prep_offset;
       if (pairs * K >= QO_SERIAL_BELOW) {
         status = qo_cpu_parallel_for(prepare_task, (size_t)n_used, job);

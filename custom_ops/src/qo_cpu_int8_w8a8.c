@@ -348,9 +348,9 @@ int qo_matmul_int8_w8a8_f32(const float* A, const int8_t* B, const float* B_scal
     if (!q16) goto done;
   }
   const float inv = 1.0f / A_scale;
-  /* 64-byte aligned rows (Kp is a multiple of 64): no vector load of the quantized A splits a cache line */
-  int8_t* q64 = (int8_t*)(((uintptr_t)q + 63) & ~(uintptr_t)63);
-  int16_t* q16_64 = q16 ? (int16_t*)(((uintptr_t)q16 + 63) & ~(uintptr_t)63) : NULL;
+  /* aligned rows (Kp is a multiple of 64) */
+  int8_t* q64 = qo_align64(q);
+  int16_t* q16_64 = q16 ? qo_align64(q16) : NULL;
   quantize_rows(A, M, K, j.Kp, inv, j.path, q64, q16_64, qsum);
   j.q = q64;
   j.q16 = q16_64;

@@ -1432,7 +1432,6 @@ static QOZ_VNNI __attribute__((flatten)) void qoz_mxi_tiles_vnni(int mr, int nr,
 #pragma GCC target("avx2,fma,f16c")
 #endif
 
-static inline float* align64(float* p) { return (float*)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
 static void avx_panel_task(qo_job* job, int64_t n0, int64_t n1) {
   const int64_t K = job->K, K8 = K & ~(int64_t)(QO_LANES - 1), steps = K8 / QO_LANES, M = job->M, N = job->N;
@@ -1444,8 +1443,8 @@ static void avx_panel_task(qo_job* job, int64_t n0, int64_t n1) {
     job->failed = 1;
     return;
   }
-  panel = align64(panel);
-  part = align64(part);
+  panel = qo_align64(panel);
+  part = qo_align64(part);
   float* tail = panel + ntiles * steps * 24;
   avx_decode_by_format[job->w->fmt](job->w, n0, rows, K, panel, tail);
   static const float zeros[QO_LANES] = {0};
@@ -1741,8 +1740,8 @@ static int run_gemm(const float* A, int64_t M, int64_t N, int64_t K, const qo_we
   if (w->fmt == QO_W_MXFP4) { /* A checked for the MXFP4 grid once (mxi_prepare) */
     mxi = (uint8_t*)malloc((size_t)mxi_bytes(M, K) + 64);
     if (!mxi) return QO_ERR_ALLOC;
-    /* 64-byte aligned, as its layout assumes (header padded to 64 bytes, 64-byte chunks) */
-    uint8_t* mxi64 = (uint8_t*)(((uintptr_t)mxi + 63) & ~(uintptr_t)63);
+    /* aligned, as its layout assumes (header padded to 64 bytes, 64-byte chunks) */
+    uint8_t* mxi64 = qo_align64(mxi);
     if (mxi_prepare(A, M, K, mxi64)) job.mxi = mxi64;
   }
   if (M > QO_GEMV_MAX_M && job.mxi) job.rows_per_task = QO_PANEL_ROWS;
@@ -1751,7 +1750,7 @@ static int run_gemm(const float* A, int64_t M, int64_t N, int64_t K, const qo_we
     job.rows_per_task = QO_PANEL_ROWS;
     a_pack = (float*)malloc(sizeof(float) * (size_t)((M + 3) / 4 * 4 * (K / QO_LANES) * QO_LANES + 16));
     if (!a_pack) return QO_ERR_ALLOC;
-    job.a_pack = align64(a_pack);
+    job.a_pack = qo_align64(a_pack);
     pack_a(A, M, K, (float*)job.a_pack);
   }
 #endif
@@ -2069,7 +2068,7 @@ static int weight_rows(int fmt, const float* A, const float* prep, int64_t M, in
   if (job.isa != QO_ISA_PORTABLE && M > QO_GEMV_MAX_M && !job.mxi) { /* A packed as run_gemm packs it */
     float* pack = tls_grow(&tls_apack, &tls_apack_floats, (size_t)((M + 3) / 4 * 4 * (K / QO_LANES) * QO_LANES + 16));
     if (!pack) return QO_ERR_ALLOC;
-    job.a_pack = align64(pack);
+    job.a_pack = qo_align64(pack);
     pack_a(A, M, K, (float*)job.a_pack);
   }
 #endif

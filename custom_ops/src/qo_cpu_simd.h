@@ -31,6 +31,9 @@ int qo_cpu_avx512_ext(int ext); /* AVX512_VBMI / AVX512_VNNI present and not tur
 typedef int (*qo_f32_kernel_fn)(const float* A, float* Y, int64_t M, int64_t N, int64_t K, const void* args);
 int qo_cpu_through_f32(const uint16_t* A, uint16_t* Y, int64_t M, int64_t N, int64_t K, qo_f32_kernel_fn kernel,
                        const void* args);
+/* p rounded up to a multiple of 64 bytes (buffers allocated 64 bytes longer): a kernel's prepared operands start on
+ * a cache line, so no vector load of them splits one (glibc's large blocks start 16 bytes into a page). */
+static inline void* qo_align64(void* p) { return (void*)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(QO_NO_CLONES) && \
     !defined(QO_PORTABLE_ONLY)
