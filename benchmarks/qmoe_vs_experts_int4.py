@@ -1,7 +1,7 @@
 """Decode (M = 1) time of one MoE layer's 4-bit experts at Qwen3-30B-A3B's shape (hidden 2048, 128 experts of
 width 768, top-8, uint4 block 32 with zero points): com.microsoft QMoE at accuracy_level 4 (MLAS SQNBit, int8
 activations) and 1 (fp32 activations) against our com.quark_onnx MatMulExpertsUint4 pair (fc1 gate/up, then fc2
-on the 8 rows; the SwiGLU between them is not timed) and, to separate the kernel from the routing, the dense
+on the 8 rows; the SwiGLU between them is not timed) at accuracy_level 1 (fp32 activations) and 4 (int8) and, to separate the kernel from the routing, the dense
 MatMulNBits (al 4 / al 1) and MatMulUint4 on the 8 chosen experts' rows stacked into one weight. ORT CPU sessions,
 1 intra-op thread, process CPU time per call (the machine is shared), best and median of --rounds interleaved rounds
 of --reps calls; the bytes of weight a call reads (codes + scales + zero points of the 8 experts, or QMoE's packed
@@ -48,11 +48,12 @@ def qmoe(w, acc):
                   [("", 21), ("com.microsoft", 1)])
 
 
-def experts_op(b, s, z):
-    """MatMulExpertsUint4: B [E, N, K/bs, bs/2], scales [E, N, K/bs], zero points [E, N, ceil(K/bs/2)]."""
+def experts_op(b, s, z, level=1):
+    """MatMulExpertsUint4: B [E, N, K/bs, bs/2], scales [E, N, K/bs], zero points [E, N, ceil(K/bs/2)];
+    accuracy_level 1 (fp32 activations) or 4 (int8 activations)."""
     e, n, kh = b.shape
     names = list(functions.OP_INPUTS["MatMulExpertsUint4"])
-    node = functions.make_node("MatMulExpertsUint4", names, ["Y"], name="experts")
+    node = functions.make_node("MatMulExpertsUint4", names, ["Y"], name="experts", accuracy_level=level)
     inits = [numpy_helper.from_array(b.reshape(e, n, kh * 2 // BS, BS // 2), "B"),
              numpy_helper.from_array(s, "scales"), numpy_helper.from_array(z, "zero_points")]
     return _model([node], [("A", TensorProto.FLOAT), ("expert_ids", TensorProto.INT64)], inits,
@@ -115,6 +116,10 @@ def main() -> int:
                                    {"A": x, "expert_ids": ids}, nbytes(1)),
         "MatMulExpertsUint4 fc2": (session(experts_op(w["w2"], w["s2"], w["z2"]), lib),
                                    {"A": x8, "expert_ids": ids}, nbytes(2)),
+        "MatMulExpertsUint4 al4 fc1": (session(experts_op(w["w1"], w["s1"], w["z1"], 4), lib),
+                                       {"A": x, "expert_ids": ids}, nbytes(1)),
+        "MatMulExpertsUint4 al4 fc2": (session(experts_op(w["w2"], w["s2"], w["z2"], 4), lib),
+                                       {"A": x8, "expert_ids": ids}, nbytes(2)),
     }
     for fc, k in ((1, h), (2, i)):
         b, s, z = chosen(fc, "w"), chosen(fc, "s"), chosen(fc, "z")

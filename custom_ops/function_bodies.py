@@ -58,6 +58,10 @@ ZERO_1D = _ints("zero_1d", [0])
 ONE_1D = _ints("one_1d", [1])
 SHAPE_N_ANY = _ints("shape_n_any", [0, -1])
 INT8_ZERO = _tensor("int8_zero", np.array(0, dtype=np.int8))
+TWO_1D = _ints("two_1d", [2])
+ZERO_F = _tensor("zero_f", np.array(0.0, dtype=np.float32))
+INT8_MAX_F = _tensor("int8_max_f", np.array(127.0, dtype=np.float32))
+INT8_MIN_F = _tensor("int8_min_f", np.array(-127.0, dtype=np.float32))
 INT4_DEFAULT_ZP = _tensor("int4_default_zp", np.array(8.0, dtype=np.float32))
 
 
@@ -253,9 +257,35 @@ def MatMulExpertsInt8(A, expert_ids, B: INT8[...], B_scale: FLOAT[...]):
 
 
 @script(quark_onnx)
-def MatMulExpertsUint4(A, expert_ids, B: UINT8[...], scales: FLOAT[...], zero_points: UINT8[...]):
+def Int8BlockActivations(A, B: UINT8[...], accuracy_level: int = 1):
+    """A in float32 as a 4-bit weight B [..., k_blocks, block/2] meets it: A itself at accuracy_level 1; at 4, per row
+    and block of `block` elements (zero padded past K) the int8 activations of MatMulNBits / QMoE level 4 (MLAS
+    CompInt8, the kernel qo_cpu_int4_a8.c): round(a * fp32(127 / amax)) half to even, clipped to +-127, times
+    fp32(amax / 127). The float32 product then differs from the kernel's exact integer dots by float rounding only."""
+    last_axis = op.Constant(value=LAST_AXIS)
+    a = op.Cast(A, to=TensorProto.FLOAT)
+    k = op.Shape(A, start=-1)
+    block = op.Mul(op.Shape(B, start=-1), op.Constant(value=TWO_1D))
+    k_blocks = op.Shape(B, start=-2, end=-1)
+    pad_end = op.Sub(op.Mul(k_blocks, block), k)
+    a_pad = op.Pad(a, op.Concat(op.Constant(value=ZERO_1D), pad_end, axis=0), op.Constant(value=ZERO_F), last_axis)
+    blocks = op.Reshape(a_pad, op.Concat(op.Shape(a_pad, start=0, end=-1), k_blocks, block, axis=0))
+    amax = op.ReduceMax(op.Abs(blocks), last_axis, keepdims=1)
+    positive = op.Greater(amax, op.Constant(value=ZERO_F))
+    inv = op.Where(positive, op.Div(op.Constant(value=INT8_MAX_F), amax), op.Constant(value=ZERO_F))
+    codes = op.Clip(op.Round(op.Mul(blocks, inv)), op.Constant(value=INT8_MIN_F), op.Constant(value=INT8_MAX_F))
+    dequantized = op.Mul(codes, op.Div(amax, op.Constant(value=INT8_MAX_F)))
+    a_q = op.Slice(op.Reshape(dequantized, op.Shape(a_pad)), op.Constant(value=ZERO_1D), k, last_axis)
+    int8 = op.Equal(op.Constant(value_int=accuracy_level), op.Constant(value_int=4))
+    return op.Where(int8, a_q, a)
+
+
+@script(quark_onnx)
+def MatMulExpertsUint4(A, expert_ids, B: UINT8[...], scales: FLOAT[...], zero_points: UINT8[...],
+                       accuracy_level: int = 1):
     """As MatMulExpertsMxfp4 with MatMulUint4 weights: B uint8 [E, N, k_blocks, block/2], scales float32
-    [E, N, k_blocks], zero_points uint8 [E, N, ceil(k_blocks/2)]; W = (q - z) * s in float32, K read from A."""
+    [E, N, k_blocks], zero_points uint8 [E, N, ceil(k_blocks/2)]; W = (q - z) * s in float32, K read from A;
+    accuracy_level 4: A as Int8BlockActivations quantizes it."""
     last_axis = op.Constant(value=LAST_AXIS)
     codes = op.Gather(B, expert_ids, axis=0)                                            # [T, k, N, kb, bs/2]
     code_even = op.BitwiseAnd(codes, op.Constant(value=LOW_MASK))
@@ -274,14 +304,14 @@ def MatMulExpertsUint4(A, expert_ids, B: UINT8[...], scales: FLOAT[...], zero_po
     weight = op.Slice(weight_padded, op.Constant(value=ZERO_1D), op.Shape(A, start=-1), last_axis)  # [T, k, N, K]
     rows = op.Concat(op.Shape(expert_ids, start=0, end=1), op.Constant(value=SHAPE_ROWS_TAIL), op.Shape(A, start=-1),
                      axis=0)
-    a_rows = op.Reshape(op.Cast(A, to=TensorProto.FLOAT), rows)
+    a_rows = op.Reshape(Int8BlockActivations(A, B, accuracy_level=accuracy_level), rows)
     y_f32 = op.Reshape(op.MatMul(a_rows, op.Transpose(weight, perm=[0, 1, 3, 2])), op.Constant(value=SHAPE_T_K_N))
     Y = op.CastLike(y_f32, A)
     return Y
 
 
 @script(quark_onnx)
-def MatMulExpertsInt4(A, expert_ids, B: UINT8[...], scales: FLOAT[...]):
+def MatMulExpertsInt4(A, expert_ids, B: UINT8[...], scales: FLOAT[...], accuracy_level: int = 1):
     """MatMulExpertsUint4 with every zero point 8 (MatMulInt4's weights stacked): W = (u - 8) * s."""
     last_axis = op.Constant(value=LAST_AXIS)
     codes = op.Gather(B, expert_ids, axis=0)
@@ -295,7 +325,7 @@ def MatMulExpertsInt4(A, expert_ids, B: UINT8[...], scales: FLOAT[...]):
     weight = op.Slice(weight_padded, op.Constant(value=ZERO_1D), op.Shape(A, start=-1), last_axis)
     rows = op.Concat(op.Shape(expert_ids, start=0, end=1), op.Constant(value=SHAPE_ROWS_TAIL), op.Shape(A, start=-1),
                      axis=0)
-    a_rows = op.Reshape(op.Cast(A, to=TensorProto.FLOAT), rows)
+    a_rows = op.Reshape(Int8BlockActivations(A, B, accuracy_level=accuracy_level), rows)
     y_f32 = op.Reshape(op.MatMul(a_rows, op.Transpose(weight, perm=[0, 1, 3, 2])), op.Constant(value=SHAPE_T_K_N))
     Y = op.CastLike(y_f32, A)
     return Y
@@ -352,4 +382,5 @@ def MatMulInt4(A, B: UINT8[...], scales: FLOAT[...], K: int, N: int, block_size:
 BODIES = {fn.name: fn for fn in (MatMulUint4, MatMulInt4, MatMulMxfp4, MatMulFp8W8A8, MatMulFp8W8A8Dyn, MatMulBf16, MatMulFp8, MatMulInt8,
                                  MatMulInt8W8A8,
                                  MatMulNvfp4, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
-                                 MatMulExpertsInt8, MatMulExpertsUint4, MatMulExpertsInt4)}
+                                 MatMulExpertsInt8, MatMulExpertsUint4, MatMulExpertsInt4,
+                                 Int8BlockActivations)}

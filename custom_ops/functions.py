@@ -99,6 +99,11 @@ FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
     "MatMulExpertsUint4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsUint4", opset),
     "MatMulExpertsInt4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsInt4", opset),
 }
+# Functions the bodies above call (not ops of their own: attached with the op that uses them).
+HELPERS: dict[str, Callable[..., onnx.FunctionProto]] = {
+    "Int8BlockActivations": lambda opset=DEFAULT_ONNX_OPSET: function_proto("Int8BlockActivations", opset),
+}
+HELPERS_USED = {"MatMulExpertsUint4": ("Int8BlockActivations",), "MatMulExpertsInt4": ("Int8BlockActivations",)}
 
 # Inputs in order, and the integer attributes each node must carry.
 OP_INPUTS = {
@@ -137,6 +142,13 @@ OP_REQUIRED_ATTRIBUTES = {
     "MatMulUint4": ("K", "N", "block_size"),
     "MatMulInt4": ("K", "N", "block_size"),
 }
+# Integer attributes a node may carry, and the values each may take.
+OP_OPTIONAL_ATTRIBUTES = {
+    # 1 (the default): float32 activations, Quark's exact product; 4: int8 activations per weight block, the
+    # arithmetic of MatMulNBits / QMoE at accuracy_level 4 (custom_ops/src/qo_cpu_int4_a8.c)
+    "MatMulExpertsUint4": {"accuracy_level": (1, 4)},
+    "MatMulExpertsInt4": {"accuracy_level": (1, 4)},
+}
 
 
 def make_node(op_type: str, inputs, outputs, name: str | None = None, **attributes) -> onnx.NodeProto:
@@ -149,10 +161,15 @@ def make_node(op_type: str, inputs, outputs, name: str | None = None, **attribut
     if len(outputs) != 1:
         raise ValueError(f"{op_type} has one output, got {outputs}")
     required = OP_REQUIRED_ATTRIBUTES[op_type]
+    optional = OP_OPTIONAL_ATTRIBUTES.get(op_type, {})
     missing = [a for a in required if a not in attributes]
-    unknown = [a for a in attributes if a not in required]
+    unknown = [a for a in attributes if a not in required and a not in optional]
     if missing or unknown:
-        raise ValueError(f"{op_type} attributes: want exactly {required}; missing {missing}, unknown {unknown}")
+        raise ValueError(f"{op_type} attributes: want {required} (optional {tuple(optional)}); missing {missing}, "
+                         f"unknown {unknown}")
+    for key, allowed in optional.items():
+        if key in attributes and attributes[key] not in allowed:
+            raise ValueError(f"{op_type} attribute {key} must be one of {allowed}, got {attributes[key]!r}")
     for key, value in attributes.items():
         if not isinstance(value, (int, np.integer)) or value <= 0:
             raise ValueError(f"{op_type} attribute {key} must be a positive int, got {value!r}")
@@ -181,9 +198,11 @@ def attach_functions(model: onnx.ModelProto, onnx_opset: int | None = None) -> l
     for op_type in used:
         if op_type not in FUNCTIONS:
             raise ValueError(f"graph uses {DOMAIN}.{op_type}, which has no fallback; known: {sorted(FUNCTIONS)}")
-        if (DOMAIN, op_type) not in have:
-            model.functions.append(FUNCTIONS[op_type](opset))
-            added.append(op_type)
+        for name in (op_type, *HELPERS_USED.get(op_type, ())):
+            if (DOMAIN, name) not in have:
+                model.functions.append((FUNCTIONS.get(name) or HELPERS[name])(opset))
+                have.add((DOMAIN, name))
+                added.append(name)
     if used and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
     return added

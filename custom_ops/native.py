@@ -38,7 +38,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_DIR = PACKAGE_DIR / "src"
 BUILD_DIR = PACKAGE_DIR / "build" / "cpu"
 LIBRARY_NAME = "quark_onnx_ops"
-CPU_SOURCES = ("qo_cpu_kernels.c", "qo_cpu_experts.c", "qo_cpu_int4.c", "qo_cpu_int8_w8a8.c", "qo_version.c")
+CPU_SOURCES = ("qo_cpu_kernels.c", "qo_cpu_experts.c", "qo_cpu_int4.c", "qo_cpu_int4_a8.c", "qo_cpu_int8_w8a8.c", "qo_version.c")
 HEADERS = ("qo_fp_formats.h", "qo_kernels.h", "qo_cpu_simd.h")
 ABI_VERSION = 1
 MXFP4_BLOCK_SIZE = 32
@@ -135,6 +135,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "qo_matmul_bf16_f16": [p, p, p, i64, i64, i64],
         "qo_matmul_int4_f32": [p, p, p, p, p, i64, i64, i64, i64],
         "qo_matmul_int4_f16": [p, p, p, p, p, i64, i64, i64, i64],
+        "qo_matmul_int4_a8_f32": [p, p, p, p, p, i64, i64, i64, i64],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
@@ -305,10 +306,11 @@ def matmul_bf16(a: np.ndarray, b_bits: np.ndarray) -> np.ndarray:
 
 
 def matmul_int4(a: np.ndarray, b_packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, k: int,
-                block_size: int) -> np.ndarray:
+                block_size: int, accuracy_level: int = 1) -> np.ndarray:
     """Exact 4-bit per-group weight (MatMulUint4 / MatMulInt4): Y = A @ W.T, W[n, k] = f32((q - z) * s) with q the
     nibble of B uint8 [N, ceil(K/bs), bs/2] (even k low), s = scales [N, ceil(K/bs)], z from zero_points uint8
-    [N, ceil(ceil(K/bs)/2)] packed uint4 (None: 8)."""
+    [N, ceil(ceil(K/bs)/2)] packed uint4 (None: 8). accuracy_level=4: A quantized to int8 per block as MatMulNBits /
+    QMoE at level 4 do (qo_cpu_int4_a8.c; float32 A only)."""
     b = np.ascontiguousarray(b_packed, dtype=np.uint8)
     n = b.shape[0]
     k_blocks = -(-k // block_size)
@@ -323,8 +325,10 @@ def matmul_int4(a: np.ndarray, b_packed: np.ndarray, scales: np.ndarray, zero_po
         if zp.size != n * ((k_blocks + 1) // 2):
             raise ValueError(f"matmul_int4: zero_points has {zp.size} bytes, want {n * ((k_blocks + 1) // 2)}")
     a, suffix = _activation(a, k, "matmul_int4")
+    if accuracy_level not in (1, 4) or (accuracy_level == 4 and suffix != "f32"):
+        raise ValueError(f"matmul_int4: accuracy_level {accuracy_level} with {a.dtype} activations")
     y = np.empty(a.shape[:-1] + (n,), dtype=a.dtype)
-    fn = getattr(load_library(), f"qo_matmul_int4_{suffix}")
+    fn = getattr(load_library(), f"qo_matmul_int4_{'a8_' if accuracy_level == 4 else ''}{suffix}")
     _check(fn(_ptr(a), _ptr(b), _ptr(s), None if zp is None else _ptr(zp), _ptr(y), a.size // k, n, k, block_size),
            "matmul_int4")
     return y

@@ -56,12 +56,12 @@ def _model(op: str, inits: list, inputs: list, attrs: dict):
     return model
 
 
-def experts_model(b, s, zp):
+def experts_model(b, s, zp, **attrs):
     op = "MatMulExpertsUint4" if zp is not None else "MatMulExpertsInt4"
     inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(s, "scales")]
     if zp is not None:
         inits.append(numpy_helper.from_array(zp, "zero_points"))
-    return _model(op, inits, ["A", "expert_ids"], {})
+    return _model(op, inits, ["A", "expert_ids"], attrs)
 
 
 def dense_model(b, s, zp, block):
@@ -138,3 +138,48 @@ def test_int4_experts_rejects_bad_input(ort_ops_library):
         sess.run(None, {"A": np.ones((1, K), np.float32), "expert_ids": np.array([[1, E]], np.int64)})
     with pytest.raises(Exception, match="MatMulExpertsUint4"):
         sess.run(None, {"A": np.ones((1, K + 40), np.float32), "expert_ids": np.array([[1, 2]], np.int64)})
+
+
+@pytest.mark.parametrize("block,asym", [(32, True), (32, False), (64, True), (128, True)])
+@pytest.mark.parametrize("t,k,per_slot", [(1, 8, False), (3, 2, True), (12, 8, False), (128, 8, False)])
+def test_int4_experts_op_level4(block, asym, t, k, per_slot, ort_ops_library, monkeypatch):
+    """accuracy_level=4: each (token, slot) equals the dense int8-activation kernel (qo_matmul_int4_a8_f32, itself
+    checked against numpy and onnxruntime's MatMulNBits level 4 in tests/test_int4_a8_kernel.py) on that expert, bit
+    for bit, on every path and thread count; the ONNX-function fallback (the same activation codes in standard ops,
+    float products) within float rounding of it."""
+    from custom_ops import native
+    from tests.test_int4_a8_kernel import reference
+
+    rng = np.random.default_rng(block * 100 + t * 10 + k + asym)
+    b, s, zp, _ = stack(rng, block, asym)
+    ids = route(rng, t, k)
+    a = rng.standard_normal((t, k, K) if per_slot else (t, K)).astype(np.float32)
+    feeds = {"A": a, "expert_ids": ids}
+    model = experts_model(b, s, zp, accuracy_level=4)
+    sess = session(model, library=ort_ops_library, profile=True, threads=1)
+    y = sess.run(None, feeds)[0]
+    assert (model.graph.node[0].op_type, "CPUExecutionProvider") in profiled_nodes(sess)
+    for threads, path in ((2, None), (2, "portable"), (1, "avx2")):
+        if path:
+            monkeypatch.setenv("QO_CPU_KERNELS", path)
+        y_other = session(model, library=ort_ops_library, threads=threads).run(None, feeds)[0]
+        np.testing.assert_array_equal(y_other.view(np.uint32), y.view(np.uint32), err_msg=f"{threads} {path}")
+    monkeypatch.delenv("QO_CPU_KERNELS", raising=False)
+    mag_max = 0.0
+    for i in range(t):
+        for sl in range(k):
+            e = ids[i, sl]
+            row = rows_of(a, i, sl)[None]
+            zp_e = None if zp is None else zp[e]
+            dense = native.matmul_int4(row, b[e], s[e], zp_e, K, block, accuracy_level=4)[0]
+            np.testing.assert_array_equal(y[i, sl].view(np.uint32), dense.view(np.uint32), err_msg=f"{i} {sl}")
+            mag_max = max(mag_max, float(reference(row, b[e], s[e], zp_e, K, block)[1].max()))
+    y_fn = session(model).run(None, feeds)[0]  # the function fallback: float32 products of the same codes
+    assert np.abs(y_fn - y).max() <= mag_max * 64 * 2.0 ** -24
+
+
+def test_int4_experts_refuses_other_accuracy_levels(ort_ops_library):
+    rng = np.random.default_rng(3)
+    b, s, zp, _ = stack(rng, 32, True)
+    with pytest.raises(ValueError, match="accuracy_level must be one of"):
+        experts_model(b, s, zp, accuracy_level=2)

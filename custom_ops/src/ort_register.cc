@@ -477,7 +477,8 @@ std::vector<QoCustomOp>& AllOps() {
 // ---- MatMulExperts{Mxfp4,Nvfp4,Fp8,Int8,Uint4,Int4} (CPU, float32): routed experts read in place from the stacked
 // weight (qo_cpu_experts.c). Inputs A [T, K] or [T, k, K], expert_ids int64 [T, k], B [E, N, ...], B_scale, (NVFP4)
 // B_scale_2 [E]; (Uint4 / Int4) B [E, N, k_blocks, block/2], scales [E, N, k_blocks], (Uint4) zero_points
-// [E, N, ceil(k_blocks/2)], the block size read from B's shape; output Y [T, k, N]. ----
+// [E, N, ceil(k_blocks/2)], the block size read from B's shape, attribute accuracy_level 1 (default: float32
+// activations, exact) or 4 (int8 activations per block: MatMulNBits / QMoE level 4's arithmetic); output Y [T, k, N]. ----
 // Formats of the experts ops: QO_FMT_* (qo_kernels.h) plus the two 4-bit integer ones (both QO_FMT_INT4 kernels).
 constexpr int kExpertsUint4 = 100, kExpertsInt4 = 101;
 
@@ -532,19 +533,38 @@ ONNXTensorElementDataType ORT_API_CALL ExpertsOutputType(const OrtCustomOp*, siz
   return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 }
 
-OrtStatus* ORT_API_CALL ExpertsCreate(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo*, void** kernel) {
-  int* fmt = new (std::nothrow) int(static_cast<const QoExpertsOp*>(op)->fmt);
-  if (!fmt) return api->CreateStatus(ORT_FAIL, "com.quark_onnx: out of memory");
-  *kernel = fmt;
+struct ExpertsKernel {
+  int fmt;
+  int64_t accuracy_level;  // Uint4 / Int4: 1 (absent, or 0): float32 activations; 4: int8 (MatMulNBits level 4)
+};
+
+OrtStatus* ORT_API_CALL ExpertsCreate(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
+                                      void** kernel) {
+  const int fmt = static_cast<const QoExpertsOp*>(op)->fmt;
+  int64_t level = 1;
+  if (fmt == kExpertsUint4 || fmt == kExpertsInt4) {
+    if (OrtStatus* absent = api->KernelInfoGetAttribute_int64(info, "accuracy_level", &level)) {
+      api->ReleaseStatus(absent);
+      level = 1;
+    }
+    if (level == 0) level = 1;
+    if (level != 1 && level != 4)
+      return api->CreateStatus(ORT_INVALID_ARGUMENT, (std::string(ExpertsOpName(fmt)) + ": accuracy_level " +
+                                                      std::to_string(level) + " (1: float32 activations, 4: int8)").c_str());
+  }
+  ExpertsKernel* k = new (std::nothrow) ExpertsKernel{fmt, level};
+  if (!k) return api->CreateStatus(ORT_FAIL, "com.quark_onnx: out of memory");
+  *kernel = k;
   return nullptr;
 }
 
 OrtMemType ORT_API_CALL ExpertsMemType(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
 
-void ORT_API_CALL ExpertsDestroy(void* kernel) { delete static_cast<int*>(kernel); }
+void ORT_API_CALL ExpertsDestroy(void* kernel) { delete static_cast<ExpertsKernel*>(kernel); }
 
 OrtStatus* ORT_API_CALL ExpertsCompute(void* kernel, OrtKernelContext* context) {
-  const int fmt = *static_cast<const int*>(kernel);
+  const int fmt = static_cast<const ExpertsKernel*>(kernel)->fmt;
+  const bool int8_activations = static_cast<const ExpertsKernel*>(kernel)->accuracy_level == 4;
   const char* name = ExpertsOpName(fmt);
   const bool int4 = fmt == kExpertsUint4 || fmt == kExpertsInt4;
   TensorView a, ids, b, b_scale, b_scale_2;
@@ -607,9 +627,9 @@ OrtStatus* ORT_API_CALL ExpertsCompute(void* kernel, OrtKernelContext* context) 
       break;
     case kExpertsUint4:
     case kExpertsInt4:
-      status = qo_matmul_experts_int4_f32(A, id, B, (const float*)s_data,
-                                          fmt == kExpertsUint4 ? (const uint8_t*)s2_data : nullptr, Y, T, k, a_slots,
-                                          E, N, K, block);
+      status = (int8_activations ? qo_matmul_experts_int4_a8_f32 : qo_matmul_experts_int4_f32)(
+          A, id, B, (const float*)s_data, fmt == kExpertsUint4 ? (const uint8_t*)s2_data : nullptr, Y, T, k, a_slots,
+          E, N, K, block);
       break;
     default:
       status = qo_matmul_experts_int8_f32(A, id, (const int8_t*)B, (const float*)s_data, b_scale.elements(), Y, T, k,

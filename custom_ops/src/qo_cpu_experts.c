@@ -12,7 +12,8 @@
  * 4-bit integer experts (QO_FMT_INT4, MatMulExpertsUint4 / Int4) go through qo_cpu_int4_rows_f32 instead (the
  * dense MatMulUint4 kernel's code and 32-lane order); its SIMD paths read A reordered for their lanes, prepared once
  * per expert, gathered from A itself (qo_cpu_int4_prepare_a; no sorted copy of A), in a parallel pass before the
- * tasks run. MXFP4 experts likewise check each expert's A rows for the MXFP4 grid once (qo_cpu_mxfp4_prepare_a) and
+ * tasks run (at accuracy_level 4, qo_cpu_int4a8_rows_f32: the activations quantized to int8 per block once per
+ * expert, MatMulNBits / QMoE level 4's arithmetic). MXFP4 experts likewise check each expert's A rows for the MXFP4 grid once (qo_cpu_mxfp4_prepare_a) and
  * run qo_cpu_mxfp4_rows_f32: the dense MatMulMxfp4's outputs. The results go back to the pairs' places in Y in a
  * third parallel pass. */
 #include <stdlib.h>
@@ -42,7 +43,8 @@ typedef struct {
   int64_t s_count;
   const uint8_t* zp;      /* INT4: zero points, zp_bytes per expert, or NULL (8) */
   int64_t zp_bytes, block;
-  int i4_path;            /* INT4: qo_cpu_int4_path, once per call */
+  int i4_path;            /* INT4: qo_cpu_int4_path (or qo_cpu_int4a8_path), once per call */
+  int a8;                 /* INT4: int8-quantized activations (accuracy_level 4, qo_cpu_int4_a8.c) */
   float* a_prep;          /* INT4 / MXFP4: each expert's rows prepared for the SIMD paths (from prep_offset[e]) */
   int64_t* prep_offset;   /* [E] */
   const int64_t* offset;  /* [E + 1]: the expert's first row in a_rows / y_rows */
@@ -62,6 +64,14 @@ static void expert_task(void* data, size_t index) {
   qo_experts_job* job = (qo_experts_job*)data;
   const qo_expert_task* t = &job->tasks[index];
   const int64_t e = t->expert, r0 = job->offset[e], M = job->offset[e + 1] - r0;
+  if (job->fmt == QO_FMT_INT4 && job->a8) {
+    const int status = qo_cpu_int4a8_rows_f32(job->i4_path, job->a_prep + job->prep_offset[e], M, job->N, job->K,
+                                              job->B + e * job->b_bytes, job->scales + e * job->s_count,
+                                              job->zp ? job->zp + e * job->zp_bytes : NULL, job->block, t->n0, t->n1,
+                                              job->y_rows + r0 * job->N);
+    if (status != QO_OK) job->failed = status;
+    return;
+  }
   if (job->fmt == QO_FMT_INT4) {
     const int status = qo_cpu_int4_rows_f32(
         job->i4_path, job->a_rows ? job->a_rows + r0 * job->K : NULL,
@@ -89,7 +99,9 @@ static void expert_task(void* data, size_t index) {
 static void prepare_task(void* data, size_t index) {
   qo_experts_job* job = (qo_experts_job*)data;
   const int64_t e = job->used[index], r0 = job->offset[e], m = job->offset[e + 1] - r0;
-  if (job->fmt == QO_FMT_INT4)
+  if (job->fmt == QO_FMT_INT4 && job->a8)
+    qo_cpu_int4a8_prepare_a(job->A, job->src + r0, m, job->K, job->block, job->a_prep + job->prep_offset[e]);
+  else if (job->fmt == QO_FMT_INT4)
     qo_cpu_int4_prepare_a(job->i4_path, job->A, job->src + r0, m, job->K, job->block, job->a_prep + job->prep_offset[e]);
   else
     qo_cpu_mxfp4_prepare_a(job->a_rows + r0 * job->K, m, job->K, job->a_prep + job->prep_offset[e]);
@@ -116,9 +128,10 @@ static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, 
     if (ids[p] < 0 || ids[p] >= E) return QO_ERR_ARGUMENT;
   if (pairs == 0 || N == 0) return QO_OK;
   const int int4 = job->fmt == QO_FMT_INT4, prepared = int4 || job->fmt == QO_FMT_MXFP4;
-  if (int4) job->i4_path = qo_cpu_int4_path(job->block);
-  /* the INT4 SIMD paths read only the prepared rows, gathered from A itself: no sorted copy of A */
-  const int need_rows = !int4 || qo_cpu_int4_prepared_floats(job->i4_path, 1, K, job->block) == 0;
+  if (int4) job->i4_path = job->a8 ? qo_cpu_int4a8_path(job->block) : qo_cpu_int4_path(job->block);
+  /* the INT4 SIMD paths (and every int8-activation path) read only the prepared rows, gathered from A itself: no
+   * sorted copy of A */
+  const int need_rows = !int4 || (!job->a8 && qo_cpu_int4_prepared_floats(job->i4_path, 1, K, job->block) == 0);
   int64_t* offset = (int64_t*)calloc((size_t)(E + 1), sizeof(int64_t));
   int64_t* order = (int64_t*)malloc(sizeof(int64_t) * (size_t)pairs);
   int64_t* src = (int64_t*)malloc(sizeof(int64_t) * (size_t)pairs);
@@ -158,8 +171,9 @@ static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, 
     for (int64_t e = 0; e < E; ++e) {
       const int64_t m = offset[e + 1] - offset[e];
       prep_offset[e] = floats;
-      floats += !m ? 0 : int4 ? qo_cpu_int4_prepared_floats(job->i4_path, m, K, job->block)
-                              : qo_cpu_mxfp4_prepared_floats(m, K);
+      floats += !m ? 0 : int4 && job->a8 ? qo_cpu_int4a8_prepared_floats(m, K, job->block)
+                     : int4 ? qo_cpu_int4_prepared_floats(job->i4_path, m, K, job->block)
+                            : qo_cpu_mxfp4_prepared_floats(m, K);
     }
     if (floats) {
       a_prep = (float*)malloc(sizeof(float) * (size_t)floats + 64);
@@ -268,9 +282,9 @@ int qo_matmul_experts_int8_f32(const float* A, const int64_t* expert_ids, const 
   return scaled_experts(QO_FMT_INT8, A, expert_ids, B, B_scale, b_scale_count, Y, T, k, a_slots, E, N, K);
 }
 
-int qo_matmul_experts_int4_f32(const float* A, const int64_t* expert_ids, const uint8_t* B, const float* scales,
-                               const uint8_t* zero_points, float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E,
-                               int64_t N, int64_t K, int64_t block_size) {
+static int int4_experts(int a8, const float* A, const int64_t* expert_ids, const uint8_t* B, const float* scales,
+                        const uint8_t* zero_points, float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E,
+                        int64_t N, int64_t K, int64_t block_size) {
   if (!scales || K <= 0 || block_size < 16 || (block_size & (block_size - 1))) return QO_ERR_ARGUMENT;
   const int64_t k_blocks = (K + block_size - 1) / block_size;
   qo_experts_job job = job_of(QO_FMT_INT4, B, N * k_blocks * block_size / 2, NULL, 0, N, K);
@@ -279,5 +293,18 @@ int qo_matmul_experts_int4_f32(const float* A, const int64_t* expert_ids, const 
   job.zp = zero_points;
   job.zp_bytes = N * ((k_blocks + 1) / 2);
   job.block = block_size;
+  job.a8 = a8;
   return run_experts(&job, A, expert_ids, Y, T, k, a_slots, E);
+}
+
+int qo_matmul_experts_int4_f32(const float* A, const int64_t* expert_ids, const uint8_t* B, const float* scales,
+                               const uint8_t* zero_points, float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E,
+                               int64_t N, int64_t K, int64_t block_size) {
+  return int4_experts(0, A, expert_ids, B, scales, zero_points, Y, T, k, a_slots, E, N, K, block_size);
+}
+
+int qo_matmul_experts_int4_a8_f32(const float* A, const int64_t* expert_ids, const uint8_t* B, const float* scales,
+                                  const uint8_t* zero_points, float* Y, int64_t T, int64_t k, int64_t a_slots,
+                                  int64_t E, int64_t N, int64_t K, int64_t block_size) {
+  return int4_experts(1, A, expert_ids, B, scales, zero_points, Y, T, k, a_slots, E, N, K, block_size);
 }

@@ -91,6 +91,11 @@ QO_API int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* sca
                               float* Y, int64_t M, int64_t N, int64_t K, int64_t block_size);
 QO_API int qo_matmul_int4_f16(const uint16_t* A, const uint8_t* B, const float* scales, const uint8_t* zero_points,
                               uint16_t* Y, int64_t M, int64_t N, int64_t K, int64_t block_size);
+/* The same weight times int8-quantized activations: onnxruntime's MatMulNBits / QMoE accuracy_level 4 arithmetic
+ * (MLAS CompInt8: per block, qa = round(a * 127 / amax), exact integer dots), in one float order on every CPU
+ * (qo_cpu_int4_a8.c). Equal to MatMulNBits accuracy_level 4 up to float summation order. */
+QO_API int qo_matmul_int4_a8_f32(const float* A, const uint8_t* B, const float* scales, const uint8_t* zero_points,
+                                 float* Y, int64_t M, int64_t N, int64_t K, int64_t block_size);
 QO_API int qo_matmul_bf16_f32(const float* A, const uint16_t* B, float* Y, int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_t M, int64_t N, int64_t K);
 
@@ -118,6 +123,11 @@ QO_API int qo_matmul_experts_int8_f32(const float* A, const int64_t* expert_ids,
 QO_API int qo_matmul_experts_int4_f32(const float* A, const int64_t* expert_ids, const uint8_t* B, const float* scales,
                                       const uint8_t* zero_points, float* Y, int64_t T, int64_t k, int64_t a_slots,
                                       int64_t E, int64_t N, int64_t K, int64_t block_size);
+/* The same experts times int8-quantized activations (accuracy_level 4: qo_matmul_int4_a8_f32's arithmetic). */
+QO_API int qo_matmul_experts_int4_a8_f32(const float* A, const int64_t* expert_ids, const uint8_t* B,
+                                         const float* scales, const uint8_t* zero_points, float* Y, int64_t T,
+                                         int64_t k, int64_t a_slots, int64_t E, int64_t N, int64_t K,
+                                         int64_t block_size);
 
 /* ---- CPU parallel loop (not exported: for the ORT layer in the same library). By default the CPU kernels split
  * their work with OpenMP; a runner set on the calling thread replaces that, e.g. with ORT's intra-op thread pool
@@ -160,6 +170,16 @@ void qo_cpu_int4_prepare_a(int path, const float* A, const int64_t* rows, int64_
 int qo_cpu_int4_rows_f32(int path, const float* A, const float* prepared, int64_t M, int64_t N, int64_t K,
                          const uint8_t* B, const float* scales, const uint8_t* zero_points, int64_t block_size,
                          int64_t n0, int64_t n1, float* Y);
+/* The int8-activation form of the same (qo_cpu_int4_a8.c): qo_cpu_int4a8_path(block) once per call, A prepared
+ * (qo_cpu_int4a8_prepared_floats floats, 64-byte aligned; each row's share is a multiple of 16 floats) by
+ * qo_cpu_int4a8_prepare_a from the rows A + rows[m] * K (rows NULL: A + m * K), then any blocks of weight rows. */
+int qo_cpu_int4a8_path(int64_t block_size);
+int64_t qo_cpu_int4a8_prepared_floats(int64_t M, int64_t K, int64_t block_size);
+void qo_cpu_int4a8_prepare_a(const float* A, const int64_t* rows, int64_t M, int64_t K, int64_t block_size,
+                             float* prepared);
+int qo_cpu_int4a8_rows_f32(int path, const float* prepared, int64_t M, int64_t N, int64_t K, const uint8_t* B,
+                           const float* scales, const uint8_t* zero_points, int64_t block_size, int64_t n0, int64_t n1,
+                           float* Y);
 
 /* ---- GPU (CUDA or HIP, whichever the library was built for; all pointers are device pointers, `stream` is a
  * cudaStream_t / hipStream_t or NULL). A_scale is a device pointer to one float. The dyn variant needs a device
