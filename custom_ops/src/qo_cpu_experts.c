@@ -118,6 +118,24 @@ static void scatter_task(void* data, size_t index) { /* y_rows back to the pairs
     memcpy(job->Y + job->order[r] * N, job->y_rows + r * N, sizeof(float) * (size_t)N);
 }
 
+#ifndef QO_A8_TASK_BYTES
+#define QO_A8_TASK_BYTES 65536
+#endif
+/* weight rows per task for an expert with m rows of A. The int8-activation kernel streams a row in well under a
+ * microsecond, so its tasks hold about QO_A8_TASK_BYTES of weight (rows of 16 were 2-4 us of work each, and two
+ * threads ran slower than one: ORT's pool pays per task) */
+static int64_t task_rows(const qo_experts_job* job, int64_t m) {
+  if (job->fmt == QO_FMT_INT4 && job->a8) {
+    const char* env = getenv("QO_A8_TASK_BYTES");
+    const int64_t budget = env ? atoll(env) : QO_A8_TASK_BYTES;
+    const int64_t row_bytes = (job->b_bytes + 4 * job->s_count + job->zp_bytes) / (job->N > 0 ? job->N : 1);
+    int64_t rows = budget / (row_bytes * (m > 4 ? m / 4 : 1) + 1);
+    rows = rows < QO_EXPERT_GEMV_ROWS ? QO_EXPERT_GEMV_ROWS : (rows + 1) / 2 * 2;
+    return rows;
+  }
+  return m <= 4 ? QO_EXPERT_GEMV_ROWS : QO_EXPERT_PANEL_ROWS;
+}
+
 /* a_slots: 1 (A [T, K], every slot reads its token's row) or k (A [T, k, K]). */
 static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, float* Y, int64_t T, int64_t k,
                        int64_t a_slots, int64_t E) {
@@ -192,14 +210,14 @@ static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, 
   }
   int64_t count = 0;
   for (int64_t i = 0; i < n_used; ++i) {
-    const int64_t e = used[i], m = offset[e + 1] - offset[e], rows = m <= 4 ? QO_EXPERT_GEMV_ROWS : QO_EXPERT_PANEL_ROWS;
+    const int64_t e = used[i], rows = task_rows(job, offset[e + 1] - offset[e]);
     count += (N + rows - 1) / rows;
   }
   tasks = (qo_expert_task*)malloc(sizeof(qo_expert_task) * (size_t)count);
   if (!tasks) goto done;
   count = 0;
   for (int64_t i = 0; i < n_used; ++i) {
-    const int64_t e = used[i], m = offset[e + 1] - offset[e], rows = m <= 4 ? QO_EXPERT_GEMV_ROWS : QO_EXPERT_PANEL_ROWS;
+    const int64_t e = used[i], rows = task_rows(job, offset[e + 1] - offset[e]);
     for (int64_t n0 = 0; n0 < N; n0 += rows) {
       tasks[count].expert = e;
       tasks[count].n0 = n0;

@@ -69,8 +69,8 @@ static inline int64_t code_pos(int64_t k) {
   return (k & ~(int64_t)127) + (e & 1) * 64 + ((k >> 5) & 3) * 16 + (e >> 1);
 }
 
-static inline int8_t round_q(float v) { /* round half to even, clamped to [-127, 127]; NaN -> 0 */
-  if (!(v > -127.0f)) return v == v ? -127 : 0;
+static inline int8_t round_q(float v) { /* round half to even, clamped to [-127, 127]; NaN -> -127 */
+  if (!(v > -127.0f)) return -127;
   if (v >= 127.0f) return 127;
   const int r = (int)v;           /* toward zero, exact */
   const float d = v - (float)r;   /* exact: |v| < 2^7 */
@@ -79,7 +79,41 @@ static inline int8_t round_q(float v) { /* round half to even, clamped to [-127,
   return (int8_t)r;
 }
 
-static void prepare_row(const float* a, const a8_shape* s, uint8_t* out) {
+#if QO_A8_X86
+/* 32 elements of a row (a unit, all in the row) to their codes: the scalar loop's values (fp32(a * inv), rounded half
+ * to even by the explicit rounding immediate, clamped: vmaxps gives -127 for a NaN product, as round_q), stored as
+ * the unit's 16 even then 16 odd codes; returns their sum. */
+static __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq"))) int32_t unit_codes_avx512(
+    const float* a, float inv, int8_t* even, int8_t* odd) {
+  const __m512 vinv = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  const __m512 v0 = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(a), vinv), lo), hi);
+  const __m512 v1 = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(a + 16), vinv), lo), hi);
+  const __m512i i0 = _mm512_cvt_roundps_epi32(v0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512i i1 = _mm512_cvt_roundps_epi32(v1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i e = _mm512_permutex2var_epi32(i0, ev, i1), o = _mm512_permutex2var_epi32(i0, od, i1);
+  _mm_storeu_si128((__m128i*)even, _mm512_cvtepi32_epi8(e));
+  _mm_storeu_si128((__m128i*)odd, _mm512_cvtepi32_epi8(o));
+  return _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1)); /* integers: any order */
+}
+
+static __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq"))) float amax_avx512(const float* a,
+                                                                                               int64_t n) {
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  __m512 m = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) m = _mm512_max_ps(_mm512_andnot_ps(sign, _mm512_loadu_ps(a + k)), m); /* NaN: m */
+  float amax = _mm512_reduce_max_ps(m);
+  for (; k < n; ++k) {
+    const float v = fabsf(a[k]);
+    if (v > amax) amax = v;
+  }
+  return amax;
+}
+#endif
+
+static void prepare_row(const float* a, const a8_shape* s, uint8_t* out, int simd) {
   int8_t* q = (int8_t*)out;
   float* sa = (float*)(out + s->code_bytes);
   int32_t* qsum = (int32_t*)(sa + s->groups * A8_GROUP);
@@ -87,13 +121,23 @@ static void prepare_row(const float* a, const a8_shape* s, uint8_t* out) {
   for (int64_t b = 0; b < s->k_blocks; ++b) {
     const int64_t k0 = b * s->block, k1 = k0 + s->block < s->K ? k0 + s->block : s->K;
     float amax = 0.0f;
-    for (int64_t k = k0; k < k1; ++k) {
-      const float v = fabsf(a[k]);
-      if (v > amax) amax = v;
-    }
+#if QO_A8_X86
+    if (simd) {
+      amax = amax_avx512(a + k0, k1 - k0);
+    } else
+#endif
+      for (int64_t k = k0; k < k1; ++k) {
+        const float v = fabsf(a[k]);
+        if (v > amax) amax = v; /* a NaN is passed over */
+      }
     const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
     int32_t sum = 0;
-    for (int64_t k = k0; k < k1; ++k) {
+    int64_t k = k0;
+#if QO_A8_X86
+    if (simd)
+      for (; k + 32 <= k1; k += 32) sum += unit_codes_avx512(a + k, inv, q + code_pos(k), q + code_pos(k + 1));
+#endif
+    for (; k < k1; ++k) {
       const int8_t v = round_q(a[k] * inv);
       q[code_pos(k)] = v;
       sum += v;
@@ -110,7 +154,9 @@ int64_t qo_cpu_int4a8_prepared_floats(int64_t M, int64_t K, int64_t block_size) 
 void qo_cpu_int4a8_prepare_a(const float* A, const int64_t* rows, int64_t M, int64_t K, int64_t block_size,
                              float* prepared) {
   const a8_shape s = shape_of(K, block_size);
-  for (int64_t m = 0; m < M; ++m) prepare_row(A + (rows ? rows[m] : m) * K, &s, (uint8_t*)prepared + m * s.stride);
+  const int simd = qo_cpu_isa() == QO_ISA_AVX512; /* the same codes either way */
+  for (int64_t m = 0; m < M; ++m)
+    prepare_row(A + (rows ? rows[m] : m) * K, &s, (uint8_t*)prepared + m * s.stride, simd);
 }
 
 /* ---------------- the weight operands of one row ---------------- */
