@@ -26,11 +26,12 @@ tests/test_real_size_moe.py): gpt-oss-20b (hidden 2880, 24 layers, 32 experts to
 vocab 201088, sinks, sliding window 128 on alternate layers, clamped SwiGLU, biases) as MXFP4 (amd-quark's mxfp4
 template: every linear but lm_head and the routers), and Qwen3-30B-A3B (hidden 2048, 48 layers, 128 experts top-8 of
 width 768, 32/4 heads of 128, vocab 151936, norm_topk_prob) as uint4 g32 (asymmetric, weight-only: the test
-factory's uint4_g32) and MXFP4. Their cpu default: com.quark_onnx MatMulExpertsMxfp4 for MXFP4 experts, one
-com.microsoft QMoE per layer for uint4 (builder/ops/moe.py). What custom_ops_library=none gives them is not fp32-dense
-experts: MXFP4 experts take the routed standard-op form (the stacked bytes decoded in standard ops; attention fp32),
-uint4 experts stay in QMoE and the attention in MatMulNBits (4-bit integer weights never had an fp32 CPU form; only
-lm_head and embedding differ). `--vocab proportional` (the release's vocabulary x --layers / its depth) keeps the
+factory's uint4_g32) and MXFP4. Their cpu default: com.quark_onnx MatMulExpertsMxfp4 for MXFP4 experts,
+MatMulExpertsUint4 at accuracy_level 4 for uint4 (builder/ops/moe.py; the uint4 rows also run int4_experts=qmoe, one
+com.microsoft QMoE per layer, and the default at accuracy_level=1). What custom_ops_library=none gives them is not
+fp32-dense experts: MXFP4 experts take the routed standard-op form (the stacked bytes decoded in standard ops;
+attention fp32), uint4 experts take QMoE and the attention MatMulNBits (4-bit integer weights never had an fp32 CPU
+form). `--vocab proportional` (the release's vocabulary x --layers / its depth) keeps the
 lm_head's share of a token's bytes and of the RSS as in the full model. Each og run gets an address-space limit
 (--max_gib); a form whose 128-token prefill does not fit is rerun with a 1-token prompt (decode only) and its
 prefill reported as not measured.
@@ -120,9 +121,10 @@ def baseline_form(scheme: str) -> str:
 # cpu default itself (MatMulNBits, QMoE experts), no option
 COMPACT_OPTION = {"fp8_kv": ["fp8_linear=compact"], "ptpc": ["fp8_linear=compact"], "int8": ["int8_linear=compact"],
                   "mxfp4": ["fp4_linear=compact"], "nvfp4": ["fp4_linear=compact"], "uint4": []}
-# uint4 MoE rows: also --extra_options int4_experts=compact (MatMulExpertsUint4 instead of QMoE; docs/moe.md)
-INT4_EXPERTS_FORM = "int4_experts=compact (MatMulExpertsUint4, MatMulNBits)"
-QMOE_EXACT_FORM = "default at accuracy_level=1 (QMoE, MatMulNBits: fp32 activations)"
+# uint4 MoE rows: also --extra_options int4_experts=qmoe (QMoE instead of MatMulExpertsUint4: the default before
+# 2026-12-05, and the form without the library; docs/moe.md)
+INT4_EXPERTS_FORM = "int4_experts=qmoe (QMoE, MatMulNBits)"
+QMOE_EXACT_FORM = "default at accuracy_level=1 (MatMulExpertsUint4, MatMulNBits: fp32 activations, exact)"
 # MoE release shapes (public configs); moe_inter: the expert width
 QWEN3_30B_A3B = dict(arch="qwen3_moe", hidden=2048, inter=6144, moe_inter=768, layers=48, heads=32, kv_heads=4,
                      head_dim=128, vocab=151936, experts=128, top_k=8)
@@ -262,7 +264,10 @@ def write_moe_export(out: Path, kind: str, quant: dict, s: dict, float_dtype=BF1
         p = f"model.layers.{i}"
         tensors = {f"{p}.input_layernorm.weight": eager(np.ones(hidden, fd)),
                    f"{p}.post_attention_layernorm.weight": eager(np.ones(hidden, fd)),
-                   f"{p}.{router}.weight": floats(s["experts"], hidden, std=1.0)}
+                   # std 1/sqrt(hidden): router logits of std about 1 on the unit-RMS normed input, a trained
+                   # router's spread (std 1.0, as before 2026-12-05, gave logits of std ~45: a softmax so peaked that
+                   # 6-7 of the top-8 weights were exactly 0, and QMoE skips zero-weight experts)
+                   f"{p}.{router}.weight": floats(s["experts"], hidden, std=hidden ** -0.5)}
         if gpt:
             tensors[f"{p}.{router}.bias"] = floats(s["experts"])
             tensors[f"{p}.self_attn.sinks"] = floats(s["heads"], std=1.0)
@@ -543,10 +548,10 @@ def main(argv=None) -> int:
                  baseline_form(scheme): (work / f"{scheme}_dense", ["custom_ops_library=none"])}
         if a.no_dense:
             del forms[baseline_form(scheme)]
-        if kind == "uint4" and "arch" in shape and not a.no_dense:  # the opt-in 4-bit experts op vs the QMoE default
-            forms[INT4_EXPERTS_FORM] = (work / f"{scheme}_int4_experts", ["int4_experts=compact"])
-            # the default's QMoE / MatMulNBits at accuracy_level 1 (fp32 activations, as the compact experts op)
-            forms[QMOE_EXACT_FORM] = (work / f"{scheme}_qmoe_acc1", ["accuracy_level=1"])
+        if kind == "uint4" and "arch" in shape and not a.no_dense:  # QMoE (with the library) vs the default experts op
+            forms[INT4_EXPERTS_FORM] = (work / f"{scheme}_qmoe", ["int4_experts=qmoe"])
+            # the default at accuracy_level 1 (fp32 activations: Quark's exact product in the experts op)
+            forms[QMOE_EXACT_FORM] = (work / f"{scheme}_acc1", ["accuracy_level=1"])
         info = {form: convert(export, out, extra) for form, (out, extra) in forms.items()}
         runs = {form: [] for form in forms}
         folded = {form: [op for op, how in kernels_used(out).items() if how != "kernel"]

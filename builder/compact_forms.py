@@ -9,6 +9,9 @@ On the cpu EP, unless the user chose otherwise with --extra_options:
                                                        Q/DQ + MatMulInt8(x, W int8 [N, K], s_w)
   MXFP4                           fp4_linear=compact   com.quark_onnx MatMulMxfp4(x, W u8 [N, K/2], e8m0 [N, K/32])
   NVFP4                           fp4_linear=compact   com.quark_onnx MatMulNvfp4(x, W u8 [N, K/2], e4m3 [N, K/16], s2)
+  4-bit integer MoE experts       int4_experts=compact com.quark_onnx MatMulExpertsUint4 / Int4 (the stacked
+                                                       MatMulNBits bytes in place, accuracy_level 4: int8
+                                                       activations as QMoE's; without the library: QMoE)
   bf16 lm_head                    lm_head=bf16         com.quark_onnx MatMulBf16 (builder/quant/float_bf16.py)
   bf16 embedding                  embedding=bf16       Gather + Cast (standard ops; set with the others)
 The activation emulation of each scheme stays in standard ops in front of the node, so the logits are the dense fp32
@@ -31,7 +34,7 @@ COMPACT = "compact"
 NO_LIBRARY = "none"  # --extra_options custom_ops_library=none
 # the fp32 forms each compact default falls back to (today's pre-compact CPU default)
 FP32_FORMS = {"fp8_linear": "dequantized_weight", "int8_linear": "dequantized_weight", "fp4_linear": "dense",
-              "int4_linear": "matmul_nbits"}
+              "int4_linear": "matmul_nbits", "int4_experts": "qmoe"}
 BUILD_COMMAND = "python -m custom_ops.ort_library"
 EMBEDDING = "model.embed_tokens.weight"
 

@@ -151,10 +151,10 @@ def uses_custom_ops(plan: ModelPlan) -> bool:
 
 
 def _int4_experts_compact(plan: ModelPlan) -> bool:
-    """--extra_options int4_experts=compact on a cpu fp32 MoE with 4-bit integer weights (MatMulExpertsUint4/Int4,
-    builder/ops/routed_experts.py; whether each block takes it is decided there)."""
+    """int4_experts=compact (the cpu default, or chosen) on a cpu fp32 MoE with 4-bit integer weights
+    (MatMulExpertsUint4/Int4, builder/ops/routed_experts.py; whether each block takes it is decided there)."""
     from .quant.int_weight_only import BITS, IntWeightOnly
-    return (plan.options.extra.get("int4_experts") == "compact" and plan.ep.name == "cpu" and plan.io == "fp32"
+    return (plan.ep.int4_experts == "compact" and plan.ep.name == "cpu" and plan.io == "fp32"
             and hasattr(plan.hp, "num_experts")
             and any(lp.scheme is IntWeightOnly and BITS[lp.spec.weight[0].dtype] == 4 for lp in plan.linears.values()))
 
@@ -292,17 +292,17 @@ def read_generation_config(source: Path) -> dict:
     return gen
 
 
-# --extra_options that choose among a fixed set of forms, with the values each takes. The first three override the
-# EP profile's field of the same name.
+# --extra_options that choose among a fixed set of forms, with the values each takes. These override the EP
+# profile's field of the same name.
 EP_OVERRIDES = {"fp8_linear": FP8_LINEAR_FORMS, "int8_linear": INT8_LINEAR_FORMS, "fp4_linear": FP4_LINEAR_METHODS,
-                "int4_linear": INT4_LINEAR_FORMS}
+                "int4_linear": INT4_LINEAR_FORMS, "int4_experts": INT4_EXPERTS_FORMS}
 # --extra_options lm_head forms that replace a float lm_head: (scheme, what happens to a tied embedding)
 LM_HEAD_SCHEMES = {"int8": (FloatToInt8Linear, "quantizes a copy of it to 8 bits"),
                    "bf16": (FloatBf16Linear, "reads its bf16 bits (one table with embedding=bf16, else a copy)")}
 
 AMD_EPS = ("rocm", "migraphx")  # --extra_options amd_arch (builder/quant/mx_gemm.py)
 OPTION_CHOICES = {**EP_OVERRIDES, "amd_arch": AMD_ARCHES,
-                  "moe": MOE_FORMS, "int4_experts": INT4_EXPERTS_FORMS, "lm_head": LM_HEAD_FORMS,
+                  "moe": MOE_FORMS, "lm_head": LM_HEAD_FORMS,
                   "prefill_logits": PREFILL_LOGITS_FORMS}
 
 

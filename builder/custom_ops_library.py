@@ -42,6 +42,9 @@ OP_SYMBOLS = {"MatMulMxfp4": "qo_matmul_mxfp4_f32", "MatMulFp8W8A8": "qo_matmul_
               "MatMulExpertsFp8": "qo_matmul_experts_fp8_f32", "MatMulExpertsInt8": "qo_matmul_experts_int8_f32",
               "MatMulUint4": "qo_matmul_int4_f32", "MatMulInt4": "qo_matmul_int4_f32",
               "MatMulExpertsUint4": "qo_matmul_experts_int4_f32", "MatMulExpertsInt4": "qo_matmul_experts_int4_f32"}
+# MatMulExpertsUint4 / Int4 at accuracy_level 4 (int8 activations) need this kernel too (a library built before it
+# has only the exact one)
+INT4_EXPERTS_A8_SYMBOL = "qo_matmul_experts_int4_a8_f32"
 _SYMBOLS: dict[str, frozenset] = {}  # library path -> the OP_SYMBOLS values it exports (filled by the check)
 
 
@@ -93,7 +96,7 @@ def _check(path: str) -> tuple[str, ...]:
                             "copied into the output folder under that name)")
     try:
         result = subprocess.run([sys.executable, "-c", _LOAD_SCRIPT, str(lib.resolve()),
-                                 *OP_SYMBOLS.values()], capture_output=True,
+                                 *OP_SYMBOLS.values(), INT4_EXPERTS_A8_SYMBOL], capture_output=True,
                                 text=True, timeout=LOAD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise _refuse(path, f"ONNX Runtime did not finish loading the library in {LOAD_TIMEOUT_S} s") from None

@@ -100,6 +100,14 @@ def decisive_prefix(margins: np.ndarray, tolerance: float) -> int:
     return int(small[0]) if small.size else len(margins)
 
 
+# the cpu default form of routed 4-bit integer experts (with the custom-op library; QMoE without it)
+INT4_EXPERTS_OPS = ("MatMulExpertsUint4", "MatMulExpertsInt4")
+
+
+def int4_experts_nodes(ops: dict[str, int]) -> int:
+    return sum(ops.get(op, 0) for op in INT4_EXPERTS_OPS)
+
+
 def op_types(model_dir: Path) -> dict[str, int]:
     model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
     counts: dict[str, int] = {}

@@ -15,7 +15,7 @@ import pytest
 
 from builder.arch import family_for
 from builder.errors import ConversionError
-from onnx_helpers import build, genai_greedy, op_types, prompt_logits
+from onnx_helpers import build, genai_greedy, int4_experts_nodes, op_types, prompt_logits
 
 QUARK_EXPORTS = [("deepseek_v3", "uint4_g32"), ("deepseek_v3", "mxfp4"), ("deepseek_v3", "fp8_w8a8_kv"),
                  ("deepseek_v3", "mxfp4_attn_kv"), ("deepseek_v3_qproj_yarn", "uint4_g32"),
@@ -56,10 +56,15 @@ def test_float_checkpoint_matches_transformers(quark_exports, tmp_path, shape):
 
 @pytest.mark.parametrize("shape,recipe", QUARK_EXPORTS)
 def test_quantized_matches_quark(quark_exports, tmp_path, shape, recipe):
-    """The default form (routed QMoE on CPU for the uint4 experts, dense-with-routing for MXFP4/FP8)."""
+    """The default form (routed MatMulExpertsUint4 on CPU for the uint4 experts: gate, up, down; QMoE with
+    int4_experts=qmoe; dense-with-routing for MXFP4/FP8)."""
     export = quark_exports(shape, recipe)
     out = build(export, tmp_path / "onnx", "cpu", "fp32", accuracy_level=1)
-    assert op_types(out).get("QMoE", 0) == (MOE_LAYERS if recipe == "uint4_g32" else 0)
+    assert int4_experts_nodes(op_types(out)) == (3 * MOE_LAYERS if recipe == "uint4_g32" else 0)
+    check_against_quark(out, np.load(export / "reference.npz"), LOGIT_BOUNDS[(shape, recipe)])
+    if recipe == "uint4_g32":
+        out = build(export, tmp_path / "qmoe", "cpu", "fp32", accuracy_level=1, int4_experts="qmoe")
+        assert op_types(out)["QMoE"] == MOE_LAYERS
     check_against_quark(out, np.load(export / "reference.npz"), LOGIT_BOUNDS[(shape, recipe)])
 
 
@@ -93,15 +98,15 @@ def test_graph_layout(quark_exports, tmp_path, ep, precision, extra):
     ops = op_types(build(quark_exports("deepseek_v3", "uint4_g32"), tmp_path / "onnx", ep, precision, **extra))
     assert ops["GroupQueryAttention"] == LAYERS
     gather = ep != "cpu"  # the GPU EPs: the routed standard-op form (builder/ops/routed_experts.py)
-    # group top-2, top groups, top experts (+ the routed form's TopK of the dense weights)
-    assert ops["TopK"] == (4 if gather else 3) * MOE_LAYERS
+    # group top-2, top groups, top experts (+ the routed forms' TopK of the dense weights; not moe=dense's)
+    assert ops["TopK"] == (3 if extra else 4) * MOE_LAYERS
     # per layer q_a, q_b, kv_a, kv_b, o_proj (float in Quark's template); routers; lm_head
     # (on cpu fp32 the lm_head is a Gemm on the row-order weight: builder/quant/float_linear.py)
     assert ops["MatMul"] + ops.get("Gemm", 0) == 5 * LAYERS + MOE_LAYERS + 1
     assert ops.get("Gemm", 0) == (1 if ep == "cpu" else 0)
     dense_mlp = (LAYERS - MOE_LAYERS) * 2  # gate/up fused + down
-    if ep == "cpu" and not extra:  # routed experts in QMoE; shared expert gate/up fused + down
-        assert ops["QMoE"] == MOE_LAYERS
+    if ep == "cpu" and not extra:  # routed experts: MatMulExpertsUint4 gate, up, down; shared expert gate/up + down
+        assert int4_experts_nodes(ops) == 3 * MOE_LAYERS and "QMoE" not in ops
         assert ops["MatMulNBits"] == dense_mlp + MOE_LAYERS * 2
     elif gather:  # experts inside one If per layer; shared expert gate/up fused + down
         assert "QMoE" not in ops and ops["If"] == MOE_LAYERS

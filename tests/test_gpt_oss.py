@@ -21,7 +21,8 @@ import pytest
 
 from builder.arch import family_for
 from builder.errors import ConversionError
-from onnx_helpers import NEW_TOKENS, build, decisive_prefix, genai_greedy, op_types, prompt_logits
+from onnx_helpers import (NEW_TOKENS, build, decisive_prefix, genai_greedy, int4_experts_nodes, op_types,
+                          prompt_logits)
 
 LOGIT_TOL = 1e-4  # measured max |logit diff| 8.3e-7 (fp32 io, accuracy_level 1)
 ROUTED = {"uint4_g32", "int4_per_channel"}
@@ -55,9 +56,9 @@ def test_logits_and_greedy_match_quark(exports, tmp_path, shape, recipe):
     _check(out, ref)
     assert decisive_prefix(ref["greedy_margins"], LOGIT_TOL) == NEW_TOKENS, "reference has a near-tie"
     assert genai_greedy(out, ref["input_ids"]) == ref["greedy"].tolist()
-    ops = op_types(out)
-    assert ops.get("QMoE", 0) == (LAYERS if recipe in ROUTED else 0)
-    assert ops.get("TopK", 0) == (0 if recipe in ROUTED else LAYERS)
+    ops = op_types(out)  # 4-bit experts: MatMulExpertsUint4 / Int4 for gate_up and down (the cpu default)
+    assert int4_experts_nodes(ops) == (2 * LAYERS if recipe in ROUTED else 0) and "QMoE" not in ops
+    assert ops.get("TopK", 0) == LAYERS
 
 
 def test_dense_form_matches_quark(exports, tmp_path):
@@ -77,7 +78,11 @@ def test_fp16_io_matches_quark(exports, tmp_path, recipe):
 
 
 def test_graph_has_sinks_windows_and_qmoe_attributes(exports, tmp_path):
-    out = build(exports[("gpt_oss", "uint4_g32")], tmp_path / "onnx", "cpu", "fp32")
+    """int4_experts=qmoe (the cpu form without the custom-op library): QMoE with gpt-oss's clamped SwiGLU and
+    biases, against Quark's logits."""
+    export = exports[("gpt_oss", "uint4_g32")]
+    out = build(export, tmp_path / "onnx", "cpu", "fp32", accuracy_level=1, int4_experts="qmoe")
+    _check(out, np.load(export / "reference.npz"))
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
     gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
     windows = [next(a.i for a in n.attribute if a.name == "local_window_size") for n in gqa]

@@ -20,7 +20,7 @@ import pytest
 
 from builder.arch import family_for
 from builder.errors import ConversionError
-from onnx_helpers import build, genai_greedy, op_types, prompt_logits
+from onnx_helpers import build, genai_greedy, int4_experts_nodes, op_types, prompt_logits
 
 # end-to-end cases of this module (tests/test_architecture_coverage.py); the integer ones are in
 # test_int_weight_models.py
@@ -80,6 +80,9 @@ def test_dense_form_matches_quark(quark_exports, tmp_path, recipe):
 @pytest.mark.parametrize("recipe", ["uint4_g32", "int4_per_channel"])
 def test_routed_qmoe_graph_on_cpu(quark_exports, tmp_path, recipe):
     ops = op_types(build(quark_exports("mixtral", recipe), tmp_path / "onnx", "cpu", "fp32"))
+    assert int4_experts_nodes(ops) == 3 * LAYERS and "QMoE" not in ops  # the default: w1, w3, w2 per layer
+    assert ops["MatMulNBits"] == LAYERS * 2  # q/k/v fused and o_proj only: no expert MatMulNBits
+    ops = op_types(build(quark_exports("mixtral", recipe), tmp_path / "qmoe", "cpu", "fp32", int4_experts="qmoe"))
     assert ops["QMoE"] == LAYERS
     assert ops["MatMulNBits"] == LAYERS * 2  # q/k/v fused and o_proj only: no expert MatMulNBits
     assert "TopK" not in ops and "ScatterElements" not in ops

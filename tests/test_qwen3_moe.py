@@ -18,7 +18,8 @@ import pytest
 
 from builder.arch import family_for
 from builder.errors import ConversionError
-from onnx_helpers import NEW_TOKENS, build, decisive_prefix, genai_greedy, op_types, prompt_logits
+from onnx_helpers import (NEW_TOKENS, build, decisive_prefix, genai_greedy, int4_experts_nodes, op_types,
+                          prompt_logits)
 
 LOGIT_TOL = 1e-4  # measured max |logit diff| over the cases below: 1.7e-6 (fp32 io, accuracy_level 1)
 ROUTED = {"uint4_g32", "int4_per_channel"}  # 4-bit experts: one QMoE per sparse layer on CPU
@@ -51,10 +52,21 @@ def test_logits_and_greedy_match_quark(exports, tmp_path, shape, recipe):
     assert decisive_prefix(ref["greedy_margins"], LOGIT_TOL) == NEW_TOKENS, "reference has a near-tie"
     assert genai_greedy(out, ref["input_ids"]) == ref["greedy"].tolist()
     ops = op_types(out)
-    if recipe in ROUTED:
-        assert ops["QMoE"] == SPARSE_LAYERS[shape] and "TopK" not in ops
-    else:
-        assert "QMoE" not in ops and ops["TopK"] == SPARSE_LAYERS[shape]
+    assert "QMoE" not in ops and ops["TopK"] == SPARSE_LAYERS[shape]
+    # 4-bit experts: MatMulExpertsUint4 / Int4 per projection (the cpu default with the custom-op library)
+    assert int4_experts_nodes(ops) == (3 * SPARSE_LAYERS[shape] if recipe in ROUTED else 0)
+
+
+@pytest.mark.parametrize("shape", ["qwen3_moe", "qwen2_moe"])
+def test_qmoe_form_matches_quark(exports, tmp_path, shape):
+    """int4_experts=qmoe (the cpu form without the custom-op library): one QMoE per sparse layer."""
+    export = exports[(shape, "uint4_g32")]
+    out = build(export, tmp_path / "onnx", "cpu", "fp32", accuracy_level=1, int4_experts="qmoe")
+    ref = np.load(export / "reference.npz")
+    diff = float(np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max())
+    assert diff <= LOGIT_TOL, f"max |logit diff| {diff:.3g} > {LOGIT_TOL}"
+    ops = op_types(out)
+    assert ops["QMoE"] == SPARSE_LAYERS[shape] and "TopK" not in ops and not int4_experts_nodes(ops)
 
 
 @pytest.mark.parametrize("shape,recipe", KV_CASES, ids=[r for _, r in KV_CASES])
@@ -94,7 +106,7 @@ def test_fp16_io_routed_matches_quark(exports, tmp_path, shape):
     ref = np.load(export / "reference.npz")
     diff = float(np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max())
     assert diff <= 2e-2, diff  # fp16 activations: measured 4.3e-3 (raw top-k weights through router_weights)
-    assert op_types(out)["QMoE"] == SPARSE_LAYERS[shape]
+    assert op_types(out)["QMoE"] == SPARSE_LAYERS[shape]  # fp16 io: QMoE (the experts ops take fp32 io)
 
 
 @pytest.mark.parametrize("shape", ["qwen3_moe", "qwen3_moe_raw", "qwen2_moe"])
@@ -122,8 +134,9 @@ def test_gpu_eps_get_the_routed_standard_op_form(exports, tmp_path, ep, shape, r
 
 
 @pytest.mark.parametrize("recipe,ep,extra,note", [
-    ("uint4_g32", "cpu", {}, "MoE: 2 sparse layer(s) as one com.microsoft QMoE each (routed, 4-bit experts, "
-                             "block_size 32)"),
+    ("uint4_g32", "cpu", {}, "2 sparse layer(s) routed through com.quark_onnx MatMulExperts*"),
+    ("uint4_g32", "cpu", {"int4_experts": "qmoe"}, "MoE: 2 sparse layer(s) as one com.microsoft QMoE each (routed, "
+                                                   "4-bit experts, block_size 32)"),
     ("uint4_g32", "cpu", {"moe": "dense"}, "because of --extra_options moe=dense"),
     ("uint4_g32", "cuda", {}, "2 sparse layer(s) routed in standard ops"),
     ("uint4_g32", "cpu", {"moe": "gather"}, "2 sparse layer(s) routed in standard ops"),
@@ -139,8 +152,8 @@ def test_plan_says_which_moe_form(exports, recipe, ep, extra, note):
     from custom_ops import ort_library
     plan, ckpt = plan_model(exports[("qwen3_moe", recipe)] / "quark", ep, None, BuildOptions(extra=extra))
     ckpt.close()
-    if "MatMulExperts" in note and ort_library.available()[0] is None:  # no library: the standard-op form
-        note = "2 sparse layer(s) routed in standard ops"
+    if "MatMulExperts" in note and ort_library.available()[0] is None:  # no library: QMoE / the standard-op form
+        note = "as one com.microsoft QMoE each" if recipe == "uint4_g32" else "2 sparse layer(s) routed in standard ops"
     assert any(note in n for n in plan.notes), plan.notes
 
 

@@ -30,7 +30,7 @@ CASES = [("qwen3_moe", "uint4_g32", "uint4"), ("qwen3_moe", "mxfp4", "mxfp4"), (
 QUARK_EXPORTS = [(shape, recipe) for shape, recipe, _ in CASES]
 CONFIG_KEY = {"uint4_g32": "uint4_g32", "mxfp4": "mxfp4"}  # benchmarks/real_size_quant_configs.json
 ROTARY_CACHES = ("cos_cache", "sin_cache")  # [max_position_embeddings, ...]: the writer's is the release's
-EXPECTED_OP = {"uint4": ("com.microsoft", "QMoE"), "mxfp4": ("com.quark_onnx", "MatMulExpertsMxfp4")}
+EXPECTED_OP = {"uint4": ("com.quark_onnx", "MatMulExpertsUint4"), "mxfp4": ("com.quark_onnx", "MatMulExpertsMxfp4")}
 
 
 def tensors(folder: Path) -> dict[str, tuple[str, tuple]]:
@@ -95,7 +95,7 @@ def test_synthetic_moe_export_matches_quark(quark_exports, tmp_path, shape, reci
     theirs = graph_parts(build(fixture, tmp_path / "fixture_onnx", "cpu", "fp32"), layers)
     ours = graph_parts(build(syn, tmp_path / "syn_onnx", "cpu", "fp32"), layers)
     assert ours[0] == theirs[0]
-    per_layer = 1 if kind == "uint4" else 2 if shape == "gpt_oss" else 3  # QMoE; MatMulExperts* per projection
+    per_layer = 2 if shape == "gpt_oss" else 3  # MatMulExperts* per projection
     assert ours[0][EXPECTED_OP[kind]] == per_layer * len(layers)
     assert sorted(set(ours[1]) ^ set(theirs[1])) == []
     assert {k: v for k, v in ours[1].items() if theirs[1][k] != v} == {}

@@ -22,6 +22,7 @@ class EPConfig:
     int8_linear: str = "qdq"                   # INT8 W8A8 linears: qdq | dequantized_weight (quant/int8_w8a8.py)
     int4_linear: str = "matmul_nbits"          # 4-bit weight-only: matmul_nbits | compact (MatMulUint4, exact; cpu)
     fp4_linear: str = "matmul_nbits8"          # MXFP4/NVFP4: matmul_nbits8 | native | dq_fp8 | dq_int8 | dense (quant/mxfp4.py)
+    int4_experts: str = "qmoe"                 # routed 4-bit integer experts (cpu): qmoe | compact (ops/moe.py)
     amd_arch: str = "any"                      # rocm/migraphx: any | gfx950 (amd_arch option, quant/mx_gemm.py)
     fp8_format: str = "e4m3fn"                 # fp8 tensors: e4m3fn | e4m3fnuz (same bits, doubled scales: ops/fnuz.py)
     refused_forms: dict = field(default_factory=dict)  # {"fp8_linear": {form: why}, ...}: --extra_options refused

@@ -22,6 +22,10 @@ CONFIG = EPConfig(
     fp8_linear="compact",
     int8_linear="compact",
     fp4_linear="compact",
+    # 4-bit integer MoE experts: com.quark_onnx MatMulExpertsUint4 / Int4 at the accuracy_level below (level 4: int8
+    # activations, QMoE's arithmetic), reading the stacked bytes in place; QMoE pre-packs a 1.4x copy at session
+    # creation (docs/moe.md). Without the library: QMoE.
+    int4_experts="compact",
     custom_ops_backend="cpu",
     constraints=CPU_RULES,
 )

@@ -43,9 +43,10 @@ from .linear import emit_linear, emit_linears
 # standard-op form (ops/routed_experts.py) where the experts stack, else dense; gather: the standard-op form wherever
 # the experts stack (CPU 4-bit included); dense: every expert on every token
 MOE_FORMS = ("routed", "gather", "dense")
-# --extra_options int4_experts=...: the cpu routed form of 4-bit integer experts: qmoe (com.microsoft QMoE, which
-# pre-packs the experts at session creation) | compact (com.quark_onnx MatMulExpertsUint4 / MatMulExpertsInt4: the
-# stacked MatMulNBits bytes read in place, Quark's exact decode, fp32 sums; needs the custom-op library)
+# --extra_options int4_experts=...: the cpu routed form of 4-bit integer experts: compact (the cpu default with the
+# custom-op library: com.quark_onnx MatMulExpertsUint4 / MatMulExpertsInt4, the stacked MatMulNBits bytes read in
+# place; at accuracy_level 4 int8 activations as QMoE's, at 1 Quark's exact fp32 product) | qmoe (com.microsoft
+# QMoE, which pre-packs the experts at session creation: about 1.4x their bytes; the default without the library)
 INT4_EXPERTS_FORMS = ("qmoe", "compact")
 ROUTED_EPS = ("cpu",)
 ROUTED_BITS = (4,)
@@ -179,7 +180,7 @@ def moe_form(ctx) -> str:
 
 
 def int4_experts_form(ctx) -> str:
-    return ctx.options.extra.get("int4_experts", "qmoe")  # validated in convert.check_options
+    return ctx.ep.int4_experts  # the EP's default, or --extra_options int4_experts (convert.apply_ep_overrides)
 
 
 def routed_block_size(ctx, experts: list[tuple], biases: bool = False) -> int | None:

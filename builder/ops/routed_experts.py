@@ -637,13 +637,20 @@ def experts_op_applies(ctx, experts: list[tuple]) -> bool:
     return not _int8_zero_points(ctx, experts)
 
 
+def int4_experts_level(ctx) -> int:
+    """MatMulExpertsUint4 / Int4's accuracy_level: 4 (int8 activations, QMoE / MatMulNBits level 4's arithmetic)
+    where MatMulNBits gets level 4 (the cpu default), else 1 (Quark's exact fp32 product)."""
+    level = ctx.options.accuracy_level
+    return 4 if (level if level is not None else ctx.ep.default_accuracy_level(4)) == 4 else 1
+
+
 def _int4_experts_op(ctx, plan, symbols) -> bool:
-    """4-bit integer experts take MatMulExpertsUint4 / MatMulExpertsInt4 only with --extra_options
-    int4_experts=compact (the cpu default is QMoE, ops/moe.py) and a library that has the kernel."""
-    from ..custom_ops_library import OP_SYMBOLS
+    """4-bit integer experts take MatMulExpertsUint4 / MatMulExpertsInt4 with int4_experts=compact (the cpu default
+    with the library, ops/moe.py) and a library that has the kernel of their accuracy_level."""
+    from ..custom_ops_library import INT4_EXPERTS_A8_SYMBOL, OP_SYMBOLS
     from .moe import int4_experts_form
-    return (int4_experts_form(ctx) == "compact" and BITS[plan.spec.weight[0].dtype] == 4
-            and OP_SYMBOLS["MatMulExpertsUint4"] in symbols)
+    symbol = INT4_EXPERTS_A8_SYMBOL if int4_experts_level(ctx) == 4 else OP_SYMBOLS["MatMulExpertsUint4"]
+    return int4_experts_form(ctx) == "compact" and BITS[plan.spec.weight[0].dtype] == 4 and symbol in symbols
 
 
 def _int8_zero_points(ctx, experts: list[tuple]) -> bool:
@@ -728,7 +735,13 @@ def _op_project(ctx, st: OpStack, x: str, idx: str, p: str, mx_done: bool) -> st
         x = _input_quant(ctx, st.input_quant, x, idx, p)
     g.add_function(FUNCTIONS[st.op](g.opsets[""]), opset_version=1)
     scale_2 = [st.scale_2] if st.scale_2 is not None else []
-    y = g.op(st.op, [x, idx, st.data, st.scale, *scale_2], f"{p}/{st.op}", domain=DOMAIN)
+    attrs = {}
+    if st.op in ("MatMulExpertsUint4", "MatMulExpertsInt4"):
+        from custom_ops.functions import HELPERS, HELPERS_USED
+        for helper in HELPERS_USED.get(st.op, ()):
+            g.add_function(HELPERS[helper](g.opsets[""]), opset_version=1)
+        attrs["accuracy_level"] = int4_experts_level(ctx)
+    y = g.op(st.op, [x, idx, st.data, st.scale, *scale_2], f"{p}/{st.op}", domain=DOMAIN, **attrs)
     if st.bias is not None:
         y = g.op("Add", [y, g.op("Gather", [st.bias, idx], f"{p}/GatherBias", axis=0)], f"{p}/BiasAdd")
     return y
