@@ -118,3 +118,17 @@ def test_int4_a8_matches_onnxruntime_matmulnbits_level4(bs, asym):
     # and much closer to MLAS than to the exact fp32-activation product
     w_exact = native.matmul_int4(a, b, s, zp, k, bs)
     assert np.abs(y - y_ort).max() < 0.1 * np.abs(w_exact - y_ort).max()
+
+
+def test_int4_a8_rounds_half_to_even_on_every_path():
+    """Activations whose scaled values are exact halves (amax 127: inverse 1) round half to even on the SIMD
+    quantizers too: every path equals the reference exactly (integer-valued scales keep every float step exact)."""
+    rng = np.random.default_rng(11)
+    n, k, bs = 16, 1024, 32
+    b, _, zp, _ = make_case(rng, n, k, bs, True)
+    s = np.ones((n, k // bs), np.float32)
+    a = (rng.integers(-126, 126, size=(3, k)) + 0.5).astype(np.float32)
+    a[:, ::bs] = 127.0
+    exact, _ = reference(a, b, s, zp, k, bs)
+    for path in ("", "portable", "avx2"):
+        np.testing.assert_array_equal(_run(a, b, s, zp, k, bs, path), exact.astype(np.float32), err_msg=path)

@@ -8,7 +8,8 @@
  * the block, scale = amax / 127, inverse = 127 / amax, each element multiplied by the inverse and rounded to nearest
  * even):
  *   amax_b = max |a[k]|;  sa_b = fp32(amax_b / 127);  inv_b = amax_b ? fp32(127 / amax_b) : 0
- *   qa[k]  = clamp(round_half_even(fp32(a[k] * inv_b)), -127, 127)     (scalar C, the same on every path)
+ *   qa[k]  = clamp(round_half_even(fp32(a[k] * inv_b)), -127, 127)     (NaN -> -127; C, AVX2 or AVX-512: the same
+ *                                                                       codes, whatever the caller's rounding mode)
  * Weight: MatMulNBits' 4-bit layout (qo_cpu_int4.c's header: codes [N, k_blocks, block/2], even k in the low nibble;
  * fp32 scales sw [N, k_blocks]; zero points packed uint4 [N, ceil(k_blocks/2)] or NULL = 8).
  *
@@ -111,8 +112,47 @@ static __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq"))) fl
   }
   return amax;
 }
+
+/* the same with AVX2: the codes packed to bytes in element order, then split into even and odd bytes */
+static __attribute__((target("avx2,fma"))) int32_t unit_codes_avx2(const float* a, float inv, int8_t* even,
+                                                                   int8_t* odd) {
+  const __m256 vinv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  __m256i i[4];
+  for (int c = 0; c < 4; ++c) {
+    const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(a + 8 * c), vinv), lo), hi);
+    i[c] = _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); /* exact */
+  }
+  const __m256i w0 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[0], i[1]), 0xD8); /* int16, elements 0..15 */
+  const __m256i w1 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[2], i[3]), 0xD8); /* 16..31 */
+  const __m256i b = _mm256_permute4x64_epi64(_mm256_packs_epi16(w0, w1), 0xD8);      /* int8, 0..31 */
+  const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                         0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  const __m256i eo = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(b, split), 0xD8); /* [16 even | 16 odd] */
+  _mm_storeu_si128((__m128i*)even, _mm256_castsi256_si128(eo));
+  _mm_storeu_si128((__m128i*)odd, _mm256_extracti128_si256(eo, 1));
+  int32_t lanes[8];
+  _mm256_storeu_si256((__m256i*)lanes, _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] + lanes[7];
+}
+
+static __attribute__((target("avx2,fma"))) float amax_avx2(const float* a, int64_t n) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(a + k)), m); /* NaN: m */
+  float lanes[8], amax = 0.0f;
+  _mm256_storeu_ps(lanes, m);
+  for (int l = 0; l < 8; ++l)
+    if (lanes[l] > amax) amax = lanes[l];
+  for (; k < n; ++k) {
+    const float v = fabsf(a[k]);
+    if (v > amax) amax = v;
+  }
+  return amax;
+}
 #endif
 
+/* simd: 2 AVX-512, 1 AVX2, 0 C; the same codes on each */
 static void prepare_row(const float* a, const a8_shape* s, uint8_t* out, int simd) {
   int8_t* q = (int8_t*)out;
   float* sa = (float*)(out + s->code_bytes);
@@ -123,7 +163,7 @@ static void prepare_row(const float* a, const a8_shape* s, uint8_t* out, int sim
     float amax = 0.0f;
 #if QO_A8_X86
     if (simd) {
-      amax = amax_avx512(a + k0, k1 - k0);
+      amax = simd == 2 ? amax_avx512(a + k0, k1 - k0) : amax_avx2(a + k0, k1 - k0);
     } else
 #endif
       for (int64_t k = k0; k < k1; ++k) {
@@ -134,8 +174,10 @@ static void prepare_row(const float* a, const a8_shape* s, uint8_t* out, int sim
     int32_t sum = 0;
     int64_t k = k0;
 #if QO_A8_X86
-    if (simd)
+    if (simd == 2)
       for (; k + 32 <= k1; k += 32) sum += unit_codes_avx512(a + k, inv, q + code_pos(k), q + code_pos(k + 1));
+    else if (simd == 1)
+      for (; k + 32 <= k1; k += 32) sum += unit_codes_avx2(a + k, inv, q + code_pos(k), q + code_pos(k + 1));
 #endif
     for (; k < k1; ++k) {
       const int8_t v = round_q(a[k] * inv);
@@ -154,7 +196,8 @@ int64_t qo_cpu_int4a8_prepared_floats(int64_t M, int64_t K, int64_t block_size) 
 void qo_cpu_int4a8_prepare_a(const float* A, const int64_t* rows, int64_t M, int64_t K, int64_t block_size,
                              float* prepared) {
   const a8_shape s = shape_of(K, block_size);
-  const int simd = qo_cpu_isa() == QO_ISA_AVX512; /* the same codes either way */
+  const int isa = qo_cpu_isa(); /* the same codes on every path */
+  const int simd = isa == QO_ISA_AVX512 ? 2 : isa == QO_ISA_AVX2 ? 1 : 0;
   for (int64_t m = 0; m < M; ++m)
     prepare_row(A + (rows ? rows[m] : m) * K, &s, (uint8_t*)prepared + m * s.stride, simd);
 }
