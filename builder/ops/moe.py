@@ -161,8 +161,12 @@ def form_note(model_plan, blocks: dict[int, list[tuple]], biases: bool = False) 
         parts.append(f"{n_qmoe} sparse layer(s) as one com.microsoft QMoE each (routed, 4-bit experts, "
                      f"block_size {', '.join(str(b) for b in qmoe)})")
     if n_op:
+        int4 = any(f == "gather" and routed_experts.stack_key(blocks[i][0][0])[0] == "int" for i, (f, _) in forms.items())
+        level = routed_experts.int4_experts_level(ctx) if int4 else None
+        how = {4: "; 4-bit experts at accuracy_level 4: int8 activations, QMoE's arithmetic",
+               1: "; 4-bit experts at accuracy_level 1: fp32 activations, Quark's exact product"}.get(level, "")
         parts.append(f"{n_op} sparse layer(s) routed through com.quark_onnx MatMulExperts* (the chosen experts' "
-                     "compact weights read in place by the custom-op library's kernel; ONNX-function fallback)")
+                     f"compact weights read in place by the custom-op library's kernel; ONNX-function fallback{how})")
         n_gather -= n_op
     if n_gather:
         parts.append(f"{n_gather} sparse layer(s) routed in standard ops (Gather of the chosen experts' stacked "
