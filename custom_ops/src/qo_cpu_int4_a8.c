@@ -70,15 +70,7 @@ static inline int64_t code_pos(int64_t k) {
   return (k & ~(int64_t)127) + (e & 1) * 64 + ((k >> 5) & 3) * 16 + (e >> 1);
 }
 
-static inline int8_t round_q(float v) { /* round half to even, clamped to [-127, 127]; NaN -> -127 */
-  if (!(v > -127.0f)) return -127;
-  if (v >= 127.0f) return 127;
-  const int r = (int)v;           /* toward zero, exact */
-  const float d = v - (float)r;   /* exact: |v| < 2^7 */
-  if (d > 0.5f || (d == 0.5f && (r & 1))) return (int8_t)(r + 1);
-  if (d < -0.5f || (d == -0.5f && (r & 1))) return (int8_t)(r - 1);
-  return (int8_t)r;
-}
+static inline int8_t round_q(float v) { return (int8_t)qo_round_even_clamp(v, -127, 127); } /* NaN -> -127 */
 
 #if QO_A8_X86
 /* 32 elements of a row (a unit, all in the row) to their codes: the scalar loop's values (fp32(a * inv), rounded half

@@ -66,15 +66,7 @@ typedef struct {
 
 /* ---------------- quantization of A: the same q on every path, whatever the caller's rounding mode (the scalar
  * code rounds half to even by hand, the SIMD code with an explicit rounding immediate) ---------------- */
-static inline int8_t quantize_one(float v) {
-  if (!(v >= -128.0f)) return -128; /* NaN too */
-  if (v >= 127.0f) return 127;
-  const int r = (int)v;             /* toward zero, exact */
-  const float d = v - (float)r;     /* exact: |v| < 2^7 */
-  if (d > 0.5f || (d == 0.5f && (r & 1))) return (int8_t)(r + 1);
-  if (d < -0.5f || (d == -0.5f && (r & 1))) return (int8_t)(r - 1);
-  return (int8_t)r;
-}
+static inline int8_t quantize_one(float v) { return (int8_t)qo_round_even_clamp(v, -128, 127); } /* NaN -> -128 */
 
 static void quantize_row_portable(const float* a, int64_t K, float inv, int8_t* q, int16_t* q16, int64_t* qsum) {
   int64_t s = 0;

@@ -31,6 +31,19 @@ int qo_cpu_avx512_ext(int ext); /* AVX512_VBMI / AVX512_VNNI present and not tur
 typedef int (*qo_f32_kernel_fn)(const float* A, float* Y, int64_t M, int64_t N, int64_t K, const void* args);
 int qo_cpu_through_f32(const uint16_t* A, uint16_t* Y, int64_t M, int64_t N, int64_t K, qo_f32_kernel_fn kernel,
                        const void* args);
+/* v rounded half to even, whatever the caller's rounding mode, and clamped to [lo, hi] (small integers: |v| < 2^7 past
+ * the clamp); NaN -> lo. The activation quantizers' scalar step (qo_cpu_int8_w8a8.c, qo_cpu_int4_a8.c), which their
+ * SIMD code matches with an explicit rounding immediate. */
+static inline int qo_round_even_clamp(float v, int lo, int hi) {
+  if (!(v > (float)lo)) return lo; /* NaN too */
+  if (v >= (float)hi) return hi;
+  const int r = (int)v;           /* toward zero, exact */
+  const float d = v - (float)r;   /* exact */
+  if (d > 0.5f || (d == 0.5f && (r & 1))) return r + 1;
+  if (d < -0.5f || (d == -0.5f && (r & 1))) return r - 1;
+  return r;
+}
+
 /* p rounded up to a multiple of 64 bytes (buffers allocated 64 bytes longer): a kernel's prepared operands start on
  * a cache line, so no vector load of them splits one (glibc's large blocks start 16 bytes into a page). */
 static inline void* qo_align64(void* p) { return (void*)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
