@@ -421,8 +421,10 @@ ACCURACY_LEVEL_KEY = "quark_onnx.accuracy_level"  # model metadata; `verify` pri
 
 
 def accuracy_levels(nodes) -> str:
-    """The accuracy_level(s) of the built MatMulNBits / QMoE nodes: "4", "1,4", or "none" (no such node)."""
-    levels = sorted({a.i for n in nodes if n.op_type in ("MatMulNBits", "QMoE")
+    """The accuracy_level(s) of the built MatMulNBits / QMoE / MatMulExpertsUint4 / Int4 nodes: "4", "1,4", or "none"
+    (no such node)."""
+    ops = ("MatMulNBits", "QMoE", "MatMulExpertsUint4", "MatMulExpertsInt4")
+    levels = sorted({a.i for n in nodes if n.op_type in ops
                      for a in n.attribute if a.name == "accuracy_level"})
     return ",".join(map(str, levels)) if levels else "none"
 
