@@ -132,3 +132,18 @@ def test_int4_a8_rounds_half_to_even_on_every_path():
     exact, _ = reference(a, b, s, zp, k, bs)
     for path in ("", "portable", "avx2"):
         np.testing.assert_array_equal(_run(a, b, s, zp, k, bs, path), exact.astype(np.float32), err_msg=path)
+
+
+@pytest.mark.parametrize("k", [768, 1280])  # k_blocks 16 g + 8: the paired 8-block tails of the AVX-512 GEMV
+@pytest.mark.parametrize("asym", [True, False])
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_int4_a8_eight_block_tails(k, asym, m):
+    rng = np.random.default_rng(k + m + asym)
+    n, bs = 37, 32  # odd: the last row has no partner
+    b, s, zp, _ = make_case(rng, n, k, bs, asym)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    y = _run(a, b, s, zp, k, bs)
+    exact, mag = reference(a, b, s, zp, k, bs)
+    assert np.all(np.abs(y - exact) <= mag * 40 * 2.0 ** -24 + 1e-30)
+    for path in ("portable", "avx2"):
+        np.testing.assert_array_equal(y.view(np.uint32), _run(a, b, s, zp, k, bs, path).view(np.uint32), err_msg=path)

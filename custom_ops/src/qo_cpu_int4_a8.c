@@ -345,6 +345,44 @@ A8_VNNI_INLINE void dot_vnni(int mr, const a8_row* w, const a8_act* act, const a
   for (int r = 0; r < mr; ++r) y[r] = fold16_avx512(acc[r]);
 }
 
+/* Block 32, k_blocks = 16 g + 8 (K = 768: Qwen3-30B-A3B's down projection): the 8-block tails of two weight rows as
+ * one group, lanes 0-7 row 0's blocks 16 g .. 16 g + 7 and lanes 8-15 row 1's (each tail 128 bytes of its own row),
+ * against the activation's chunks of those blocks twice. Each row's lanes 0-7 then get one fma per block, in the
+ * order group_vnni gives them: the same bits, at about half the tail's cost. */
+A8_VNNI_INLINE void tail_pair_vnni(__m512* acc0, __m512* acc1, const a8_row* w, const a8_act* act, int64_t g) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const int8_t* a = act->q + g * A8_GROUP * 32;
+  __m512i q[4];
+  for (int c = 0; c < 4; ++c) {
+    const __m512i x = _mm512_loadu_si512((const void*)(w[c >> 1].codes + g * 256 + 64 * (c & 1)));
+    const __m512i lo = _mm512_and_si512(x, m4), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+    const int8_t* ac = a + 128 * (c & 1);
+    const __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void*)ac));
+    q[c] = _mm512_dpbusd_epi32(t, hi, _mm512_load_si512((const void*)(ac + 64)));
+  }
+  const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(q[0], q[1]), _mm512_unpackhi_epi32(q[0], q[1]));
+  const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(q[2], q[3]), _mm512_unpackhi_epi32(q[2], q[3]));
+  const __m512i u = _mm512_permutexvar_epi32(
+      order, _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1)));
+  __m512i z = _mm512_set1_epi32(8);
+  if (w[0].zp) {
+    uint32_t z0, z1;
+    memcpy(&z0, w[0].zp + g * 8, 4);
+    memcpy(&z1, w[1].zp + g * 8, 4);
+    const __m128i b = _mm_cvtsi64_si128((long long)((uint64_t)z0 | (uint64_t)z1 << 32)), m4x = _mm_set1_epi8(0x0F);
+    z = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(_mm_and_si128(b, m4x), _mm_and_si128(_mm_srli_epi16(b, 4), m4x)));
+  }
+  const __m512i qs = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i*)(act->qsum + g * A8_GROUP)));
+  const __m512 sa = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_load_ps(act->sa + g * A8_GROUP))));
+  const __m512 sw = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(w[0].sw + g * A8_GROUP)),
+                                       _mm256_loadu_ps(w[1].sw + g * A8_GROUP), 1);
+  const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(u, _mm512_mullo_epi32(z, qs)));
+  const __m512 t = _mm512_mul_ps(sa, sw);
+  *acc0 = _mm512_mask3_fmadd_ps(f, t, *acc0, 0x00FF);
+  *acc1 = _mm512_mask3_fmadd_ps(_mm512_shuffle_f32x4(f, f, 0x4E), _mm512_shuffle_f32x4(t, t, 0x4E), *acc1, 0x00FF);
+}
+
 /* two weight rows against one activation row: two independent chains (a row at K = 768 is 1.5 groups, too short
  * to hide one chain's latency) */
 static A8_TGT_VNNI void dot2_vnni(const a8_row* w, const a8_act* act, const a8_shape* s, float* y0, float* y1) {
@@ -359,7 +397,9 @@ static A8_TGT_VNNI void dot2_vnni(const a8_row* w, const a8_act* act, const a8_s
     group_vnni(1, &acc1, w[1].codes + g * gbytes, w[1].sw + g * A8_GROUP, w[1].zp ? w[1].zp + g * 8 : NULL, act, g,
                s->block, units, 16 * units, 0xFFFF);
   }
-  if (nb) {
+  if (nb == 8 && units == 1) {
+    tail_pair_vnni(&acc0, &acc1, w, act, full);
+  } else if (nb) {
     const uint64_t z0 = w[0].zp ? zp_group(&w[0], full, nb) : 0, z1 = w[1].zp ? zp_group(&w[1], full, nb) : 0;
     const __mmask16 mask = (__mmask16)((1u << nb) - 1);
     group_vnni(1, &acc0, w[0].codes + full * gbytes, w[0].sw + full * A8_GROUP, w[0].zp ? (const uint8_t*)&z0 : NULL,
