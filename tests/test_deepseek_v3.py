@@ -56,11 +56,11 @@ def test_float_checkpoint_matches_transformers(quark_exports, tmp_path, shape):
 
 @pytest.mark.parametrize("shape,recipe", QUARK_EXPORTS)
 def test_quantized_matches_quark(quark_exports, tmp_path, shape, recipe):
-    """The default form (routed MatMulExpertsUint4 on CPU for the uint4 experts: gate, up, down; QMoE with
+    """The default form (routed MatMulExpertsUint4 on CPU for the uint4 experts: gate_up fused, down; QMoE with
     int4_experts=qmoe; dense-with-routing for MXFP4/FP8)."""
     export = quark_exports(shape, recipe)
     out = build(export, tmp_path / "onnx", "cpu", "fp32", accuracy_level=1)
-    assert int4_experts_nodes(op_types(out)) == (3 * MOE_LAYERS if recipe == "uint4_g32" else 0)
+    assert int4_experts_nodes(op_types(out)) == (2 * MOE_LAYERS if recipe == "uint4_g32" else 0)
     check_against_quark(out, np.load(export / "reference.npz"), LOGIT_BOUNDS[(shape, recipe)])
     if recipe == "uint4_g32":
         out = build(export, tmp_path / "qmoe", "cpu", "fp32", accuracy_level=1, int4_experts="qmoe")
@@ -105,8 +105,8 @@ def test_graph_layout(quark_exports, tmp_path, ep, precision, extra):
     assert ops["MatMul"] + ops.get("Gemm", 0) == 5 * LAYERS + MOE_LAYERS + 1
     assert ops.get("Gemm", 0) == (1 if ep == "cpu" else 0)
     dense_mlp = (LAYERS - MOE_LAYERS) * 2  # gate/up fused + down
-    if ep == "cpu" and not extra:  # routed experts: MatMulExpertsUint4 gate, up, down; shared expert gate/up + down
-        assert int4_experts_nodes(ops) == 3 * MOE_LAYERS and "QMoE" not in ops
+    if ep == "cpu" and not extra:  # routed experts: MatMulExpertsUint4 gate_up, down; shared expert gate/up + down
+        assert int4_experts_nodes(ops) == 2 * MOE_LAYERS and "QMoE" not in ops
         assert ops["MatMulNBits"] == dense_mlp + MOE_LAYERS * 2
     elif gather:  # experts inside one If per layer; shared expert gate/up fused + down
         assert "QMoE" not in ops and ops["If"] == MOE_LAYERS

@@ -80,7 +80,7 @@ def test_dense_form_matches_quark(quark_exports, tmp_path, recipe):
 @pytest.mark.parametrize("recipe", ["uint4_g32", "int4_per_channel"])
 def test_routed_qmoe_graph_on_cpu(quark_exports, tmp_path, recipe):
     ops = op_types(build(quark_exports("mixtral", recipe), tmp_path / "onnx", "cpu", "fp32"))
-    assert int4_experts_nodes(ops) == 3 * LAYERS and "QMoE" not in ops  # the default: w1, w3, w2 per layer
+    assert int4_experts_nodes(ops) == 2 * LAYERS and "QMoE" not in ops  # the default: w1 + w3 fused, w2 per layer
     assert ops["MatMulNBits"] == LAYERS * 2  # q/k/v fused and o_proj only: no expert MatMulNBits
     ops = op_types(build(quark_exports("mixtral", recipe), tmp_path / "qmoe", "cpu", "fp32", int4_experts="qmoe"))
     assert ops["QMoE"] == LAYERS

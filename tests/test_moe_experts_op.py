@@ -16,6 +16,12 @@ from onnx_helpers import NEW_TOKENS, build, decisive_prefix, genai_greedy, op_ty
 LOGIT_TOL = 1e-4  # as the other MoE tests
 SPARSE = {"qwen3_moe": 2, "qwen2_moe": 2, "mixtral": 2, "gpt_oss": 2, "deepseek_v3": 1}
 PROJECTIONS = {"gpt_oss": 2}
+
+
+def nodes_per_layer(shape: str, recipe: str) -> int:
+    """Experts-op nodes per sparse layer: gate_up (gpt-oss's own, or gate and up fused for 4-bit integer and MXFP4
+    experts: builder/ops/routed_experts.py FUSED_GATE_UP_KEYS) and down; else gate, up, down."""
+    return 2 if shape in PROJECTIONS or recipe in ("mxfp4", "uint4_g32", "int4_per_channel") else 3
 CASES = ([("qwen3_moe", r) for r in ("mxfp4", "mxfp4_fp8", "fp8_w8a8", "nvfp4")]
          + [("qwen2_moe", r) for r in ("mxfp4", "fp8_w8a8", "nvfp4", "int8_w8a8")]
          + [("mixtral", "mxfp4"), ("deepseek_v3", "mxfp4"), ("mixtral", "nvfp4"), ("mixtral", "int8_w8a8")]
@@ -84,10 +90,10 @@ def test_experts_op_form_matches_quark(exports, tmp_path, shape, recipe):
     if library is None:
         pytest.skip("no custom-op library: the conversion wrote the fp32 forms")
     ops = op_types(out)
-    assert ops.get(OP[recipe]) == SPARSE[shape] * PROJECTIONS.get(shape, 3), ops
+    assert ops.get(OP[recipe]) == SPARSE[shape] * nodes_per_layer(shape, recipe), ops
     assert "If" not in ops and "QMoE" not in ops
     if recipe in ("nvfp4", "int8_w8a8"):  # the routed node's inputs: the stacked initializers in the dense op's layout
-        _check_stacks(out, OP[recipe], SPARSE[shape] * PROJECTIONS.get(shape, 3))
+        _check_stacks(out, OP[recipe], SPARSE[shape] * nodes_per_layer(shape, recipe))
     _check_against_quark(out, ref, library, OP[recipe], f"{shape} {recipe}")
 
 
@@ -102,7 +108,7 @@ def test_int4_experts_compact_matches_quark(exports, tmp_path, shape, recipe):
     if library is None:
         pytest.skip("no custom-op library: the conversion wrote the QMoE form")
     ops = op_types(out)
-    assert ops.get(INT4_OP[recipe]) == SPARSE[shape] * PROJECTIONS.get(shape, 3), ops
+    assert ops.get(INT4_OP[recipe]) == SPARSE[shape] * nodes_per_layer(shape, recipe), ops
     assert "If" not in ops and "QMoE" not in ops
     _check_against_quark(out, ref, library, INT4_OP[recipe], f"{shape} {recipe} int4_experts=compact")
 
@@ -121,7 +127,7 @@ def test_int4_experts_level4_is_qmoe_arithmetic(exports, tmp_path, shape, recipe
     if shipped_library(out) is None:
         pytest.skip("no custom-op library: the conversion wrote the QMoE form")
     ops = op_types(out)
-    assert ops.get(INT4_OP[recipe]) == SPARSE[shape] * PROJECTIONS.get(shape, 3) and "QMoE" not in ops, ops
+    assert ops.get(INT4_OP[recipe]) == SPARSE[shape] * nodes_per_layer(shape, recipe) and "QMoE" not in ops, ops
     qmoe = build(export, tmp_path / "qmoe", "cpu", "fp32", int4_experts="qmoe")
     assert op_types(qmoe)["QMoE"] == SPARSE[shape]
     ours, theirs = prompt_logits(out, ids), prompt_logits(qmoe, ids)

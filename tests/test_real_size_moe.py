@@ -95,7 +95,7 @@ def test_synthetic_moe_export_matches_quark(quark_exports, tmp_path, shape, reci
     theirs = graph_parts(build(fixture, tmp_path / "fixture_onnx", "cpu", "fp32"), layers)
     ours = graph_parts(build(syn, tmp_path / "syn_onnx", "cpu", "fp32"), layers)
     assert ours[0] == theirs[0]
-    per_layer = 2 if shape == "gpt_oss" else 3  # MatMulExperts* per projection
+    per_layer = 2  # MatMulExperts*: gate_up (gpt-oss's own, or fused), down
     assert ours[0][EXPECTED_OP[kind]] == per_layer * len(layers)
     assert sorted(set(ours[1]) ^ set(theirs[1])) == []
     assert {k: v for k, v in ours[1].items() if theirs[1][k] != v} == {}

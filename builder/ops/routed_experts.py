@@ -299,10 +299,12 @@ def _stream_stack(ctx, plans: list, data_name: str, arrays_of, bias_shape: tuple
             for role, arr in arrays.items():
                 if role != "data":
                     small.setdefault(role, []).append(arr)
-            if p.has_bias:
+            parts = p if isinstance(p, tuple) else (p,)  # (gate, up) pairs have no biases (fuses_gate_up)
+            if not isinstance(p, tuple) and p.has_bias:
                 small.setdefault("bias", []).append(ctx.float_weight(f"{p.name}.bias").reshape(bias_shape))
             if ctx.progress:
-                ctx.progress(p)
+                for q in parts:
+                    ctx.progress(q)
             yield arrays["data"]
 
     data = head["data"]
@@ -705,10 +707,38 @@ def _op_expert_arrays(ctx, plan) -> dict[str, np.ndarray]:
     return {**out, "data": np.ascontiguousarray(q), "scale": np.asarray(scale, np.float32).reshape(-1)}  # [N] or [1]
 
 
+def _pair_arrays(ctx, pair: tuple) -> dict[str, np.ndarray]:
+    """One expert's gate and up projections as one weight: their arrays stacked along N (gate rows first)."""
+    gate, up = (_op_expert_arrays(ctx, p) for p in pair)
+    return {role: np.concatenate([gate[role], up[role]], axis=0) for role in gate}
+
+
+# gate and up of every expert as one [E, 2N, ...] stack (one node, one activation preparation; each output row is the
+# same as from its own node: the kernels' rows do not depend on N): the formats whose per-expert arrays are all per
+# row (no per-tensor scale, no static input quantization)
+FUSED_GATE_UP_KEYS = ("int", "mxfp4")
+
+
+def fuses_gate_up(experts: list[tuple]) -> bool:
+    """(gate, up, down) experts whose gate and up stack together (FUSED_GATE_UP_KEYS, the same format and width)."""
+    if len(experts[0]) != 3:
+        return False
+    for gate, up, _ in experts:
+        key = stack_key(gate)
+        if (not key or key[0] not in FUSED_GATE_UP_KEYS or stack_key(up) != key or gate.has_bias or up.has_bias
+                or gate.in_features != up.in_features or gate.out_features != up.out_features):
+            return False
+    return True
+
+
 def build_op_stack(ctx, plans: list, name: str) -> OpStack:
-    g, first = ctx.graph, plans[0]
+    """plans: one projection's plan per expert, or (gate, up) pairs (fuses_gate_up) stacked as one [E, 2N, ...]."""
+    g = ctx.graph
+    pairs = isinstance(plans[0], tuple)
+    first = plans[0][0] if pairs else plans[0]
     key = stack_key(first)
-    data, small, _head = _stream_stack(ctx, plans, f"{name}.experts_op.data", _op_expert_arrays, (-1,))
+    data, small, _head = _stream_stack(ctx, plans, f"{name}.experts_op.data",
+                                       _pair_arrays if pairs else _op_expert_arrays, (-1,))
     names = {"data": data}
     op = EXPERTS_OPS[key[0]][0] if key[0] != "int" else None
     for role, arrs in small.items():
@@ -751,7 +781,12 @@ def emit_experts_op(ctx, x: str, routing: Routing, experts: list[tuple], activat
     """x [B, S, H] -> the routed experts' weighted sum [B, S, H] through MatMulExperts* (see above)."""
     g = ctx.graph
     hidden = experts[0][0].in_features
-    stacks = [build_op_stack(ctx, [e[j] for e in experts], f"{name}.experts.{j}") for j in range(len(experts[0]))]
+    fused = fuses_gate_up(experts)
+    if fused:
+        stacks = [build_op_stack(ctx, [(e[0], e[1]) for e in experts], f"{name}.experts.gate_up"),
+                  build_op_stack(ctx, [e[2] for e in experts], f"{name}.experts.2")]
+    else:
+        stacks = [build_op_stack(ctx, [e[j] for e in experts], f"{name}.experts.{j}") for j in range(len(experts[0]))]
     first, down = stacks[:-1], stacks[-1]
     p = f"{prefix}/experts"
     xt = g.op("Reshape", [x, g.const_i64(f"{name}.experts_op.token_rows", [-1, hidden])], f"{p}/Tokens")
@@ -764,8 +799,12 @@ def emit_experts_op(ctx, x: str, routing: Routing, experts: list[tuple], activat
             xj = emit_fp4_activation_qdq(ctx, xt, Fp4ActivationSpec("mxfp4", MXFP4_GROUP, st.mx_mode), p)
         if st.input_quant is not None:
             xj = g.op("Unsqueeze", [xj, slot_axis], f"{p}/{j}/SlotAxis")
-        ys.append(_op_project(ctx, st, xj, idx, f"{p}/{j}", mx_done=True))
-    y = _op_project(ctx, down, activation(ctx, ys, p), idx, f"{p}/down", mx_done=False)    # [T, k, H]
+        ys.append(_op_project(ctx, st, xj, idx, f"{p}/{'gate_up' if fused else j}", mx_done=True))
+    if fused:  # [T, k, 2N] -> gate, up
+        n = experts[0][0].out_features
+        ys = g.node("Split", [ys[0], g.const_i64(f"{name}.experts_op.gate_up_split", [n, n])], f"{p}/GateUpSplit",
+                    outputs=2, axis=-1)
+    y = _op_project(ctx, down, activation(ctx, list(ys), p), idx, f"{p}/down", mx_done=False)    # [T, k, H]
     w = g.op("Unsqueeze", [routing.weights, g.const_i64(f"{name}.experts_op.w_axis", [2])], f"{p}/WeightCols")
     y = g.op("ReduceSum", [g.op("Mul", [y, w], f"{p}/Weighted"), g.const_i64(f"{name}.experts_op.k_axis", [1])],
              f"{p}/SumChosen", keepdims=0)                                              # [T, H]
