@@ -58,13 +58,9 @@ def _run(a, b, s, zp, k, bs, path=""):
         os.environ.pop("QO_CPU_KERNELS", None)
 
 
-@pytest.mark.parametrize("bs", [16, 32, 64, 128, 256])
-@pytest.mark.parametrize("asym", [True, False])
-@pytest.mark.parametrize("m", [1, 3, 128])
-def test_int4_a8_matches_reference_on_every_path(bs, asym, m):
-    rng = np.random.default_rng(bs * 11 + m + asym)
-    n = 37
-    k = 21 * bs + 40 if bs <= 64 else 3 * bs + 40  # k_blocks not a multiple of 16 (a tail group), K padded
+def check_random_case(rng, n, k, bs, asym, m):
+    """Random weights and activations: the best path within float rounding of the reference (the integers exact),
+    the portable and AVX2 paths bit for bit equal to it. Returns (y, a, b, s, zp)."""
     b, s, zp, _ = make_case(rng, n, k, bs, asym)
     a = rng.standard_normal((m, k)).astype(np.float32)
     y = _run(a, b, s, zp, k, bs)
@@ -72,6 +68,17 @@ def test_int4_a8_matches_reference_on_every_path(bs, asym, m):
     assert np.all(np.abs(y - exact) <= mag * 40 * 2.0 ** -24 + 1e-30)
     for path in ("portable", "avx2"):
         np.testing.assert_array_equal(y.view(np.uint32), _run(a, b, s, zp, k, bs, path).view(np.uint32), err_msg=path)
+    return y, a, b, s, zp
+
+
+@pytest.mark.parametrize("bs", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("asym", [True, False])
+@pytest.mark.parametrize("m", [1, 3, 128])
+def test_int4_a8_matches_reference_on_every_path(bs, asym, m):
+    rng = np.random.default_rng(bs * 11 + m + asym)
+    n = 37
+    k = 21 * bs + 40 if bs <= 64 else 3 * bs + 40  # k_blocks not a multiple of 16 (a tail group), K padded
+    y, a, b, s, zp = check_random_case(rng, n, k, bs, asym, m)
     np.testing.assert_array_equal(y[:1].view(np.uint32), _run(a[:1], b, s, zp, k, bs).view(np.uint32))
 
 
@@ -140,10 +147,4 @@ def test_int4_a8_rounds_half_to_even_on_every_path():
 def test_int4_a8_eight_block_tails(k, asym, m):
     rng = np.random.default_rng(k + m + asym)
     n, bs = 37, 32  # odd: the last row has no partner
-    b, s, zp, _ = make_case(rng, n, k, bs, asym)
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    y = _run(a, b, s, zp, k, bs)
-    exact, mag = reference(a, b, s, zp, k, bs)
-    assert np.all(np.abs(y - exact) <= mag * 40 * 2.0 ** -24 + 1e-30)
-    for path in ("portable", "avx2"):
-        np.testing.assert_array_equal(y.view(np.uint32), _run(a, b, s, zp, k, bs, path).view(np.uint32), err_msg=path)
+    check_random_case(rng, n, k, bs, asym, m)
