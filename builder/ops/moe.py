@@ -161,7 +161,8 @@ def form_note(model_plan, blocks: dict[int, list[tuple]], biases: bool = False) 
         parts.append(f"{n_qmoe} sparse layer(s) as one com.microsoft QMoE each (routed, 4-bit experts, "
                      f"block_size {', '.join(str(b) for b in qmoe)})")
     if n_op:
-        int4 = any(f == "gather" and routed_experts.stack_key(blocks[i][0][0])[0] == "int" for i, (f, _) in forms.items())
+        int4 = any(f == "gather" and (routed_experts.stack_key(blocks[i][0][0]) or ("",))[0] == "int"
+                   for i, (f, _) in forms.items())
         level = routed_experts.int4_experts_level(ctx) if int4 else None
         how = {4: "; 4-bit experts at accuracy_level 4: int8 activations, QMoE's arithmetic",
                1: "; 4-bit experts at accuracy_level 1: fp32 activations, Quark's exact product"}.get(level, "")
