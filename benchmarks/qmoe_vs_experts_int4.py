@@ -1,9 +1,10 @@
 """Decode (M = 1) time of one MoE layer's 4-bit experts at Qwen3-30B-A3B's shape (hidden 2048, 128 experts of
 width 768, top-8, uint4 block 32 with zero points): com.microsoft QMoE at accuracy_level 4 (MLAS SQNBit, int8
 activations) and 1 (fp32 activations) against our com.quark_onnx MatMulExpertsUint4 pair (fc1 gate/up, then fc2
-on the 8 rows; the SwiGLU between them is not timed) at accuracy_level 1 (fp32 activations) and 4
-(int8) and, to separate the kernel from the routing, the dense
-MatMulNBits (al 4 / al 1) and MatMulUint4 on the 8 chosen experts' rows stacked into one weight. ORT CPU sessions,
+on the 8 rows; the SwiGLU between them is not timed) at accuracy_level 1 (fp32 activations) and 4 (int8), and,
+to separate the kernel from the routing, the dense MatMulNBits (al 4 / al 1) and MatMulUint4 on the 8 chosen
+experts' rows stacked into one weight. The same 8 experts every call (they may stay in the L3), and each session in
+its own thread pool: with 2 threads the pools of the sessions spin against each other, so compare 1-thread rows. ORT CPU sessions,
 1 intra-op thread, process CPU time per call (the machine is shared), best and median of --rounds interleaved rounds
 of --reps calls; the bytes of weight a call reads (codes + scales + zero points of the 8 experts, or QMoE's packed
 form) over the best time.
