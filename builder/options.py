@@ -150,12 +150,14 @@ OPTIONS: dict[str, Option] = {
     "fuse_projections": Option(choice("0", "1", "true", "false", convert=lambda t: t in ("1", "true")),
                                _has_fusable, "one matmul for q/k/v and for gate/up where the schemes agree: 1|0"),
     "moe": Option(_choices_of(("builder.ops.moe", "MOE_FORMS")), _has_moe,
-                  "MoE form: routed (QMoE where exact, else the standard-op routed form) | gather (the standard-op "
-                  "routed form) | dense"),
+                  "MoE form: routed (cpu: our MatMulExperts ops with the custom-op library, QMoE for 4-bit "
+                  "experts without it; else the standard-op routed form) | gather (the standard-op routed form) | "
+                  "dense"),
     "int4_experts": Option(_choices_of(("builder.ops.moe", "INT4_EXPERTS_FORMS")), _has_moe,
-                           "cpu routed 4-bit integer experts: qmoe (com.microsoft QMoE, pre-packed at session "
-                           "creation) | compact (com.quark_onnx MatMulExpertsUint4/Int4: the stacked bytes read in "
-                           "place, exact; custom-op library)"),
+                           "cpu routed 4-bit integer experts: compact (default with the custom-op library: "
+                           "com.quark_onnx MatMulExpertsUint4/Int4, the stacked bytes read in place, at "
+                           "accuracy_level 4 int8 activations as QMoE's, at 1 exact) | qmoe (com.microsoft QMoE, "
+                           "pre-packed at session creation; default without the library)"),
     "mla_cache": Option(_choices_of(("builder.ops.mla_attention", "MLA_CACHE_FORMS")), _has_mla,
                         "DeepSeek MLA cache: materialized (per-head K/V in GroupQueryAttention) | latent (MLA's "
                         "compressed latent, kv_b_proj absorbed; cpu/cuda)"),
