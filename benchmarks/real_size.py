@@ -55,6 +55,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 from synthetic_quark_export import BF16, SAFETENSORS_NAMES, eager, normal_bf16, save_shard  # noqa: E402
+from run_record import command_line  # noqa: E402
 
 SAFETENSORS_NAMES.update({np.dtype(ml_dtypes.float8_e4m3fn): "F8_E4M3", np.dtype(np.uint8): "U8",
                           np.dtype(np.int8): "I8"})  # the writer's dtype table, with the quantized dtypes
@@ -668,10 +669,7 @@ def _save(rows: list[dict], argv, read: dict | None = None, name: str = "real_si
     with the command and date of the run that measured it."""
     results = REPO / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
-    args = list(argv if argv is not None else sys.argv[1:])
-    args = ["WORK" if i and args[i - 1] == "--work" else re.sub(r"^--work=.*", "--work=WORK", a)
-            for i, a in enumerate(args)]  # no machine paths in the results
-    command = "python benchmarks/real_size.py " + " ".join(args)
+    command = command_line("benchmarks/real_size.py", list(argv if argv is not None else sys.argv[1:]))
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     cpu = cpu_name()
     rows = [{**r, "command": r.get("command", command), "date": r.get("date", date), "cpu": r.get("cpu", cpu)}

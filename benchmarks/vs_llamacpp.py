@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
+from run_record import command_line  # noqa: E402
 
 EXPORT = "uint4_g64_lmhead_down_g32"
 # CPU-only build of llama.cpp inside llama-cpp-python's wheel (GGML_* options: llama.cpp ggml/CMakeLists.txt;
@@ -457,7 +458,7 @@ def main() -> int:
     if args.with_1b:
         models["Llama-3.2-1B shape (random weights; Quark uint4 g128, bf16 tied embedding)"] = \
             lambda: llama1b_models(llama_cpp, work, args.threads, src, args.reuse_outputs)
-    res = dict(command="python benchmarks/vs_llamacpp.py " + " ".join(sys.argv[1:]), cpu=cpu_name(),
+    res = dict(command=command_line("benchmarks/vs_llamacpp.py", sys.argv[1:]), cpu=cpu_name(),
                cores=args.threads, llama_cpp_version=getattr(llama_cpp, "__version__", "?"),
                onnxruntime_genai_version=og.__version__, prompt_tokens=len(prompt), tokens=args.tokens,
                rounds=args.rounds, models={})
