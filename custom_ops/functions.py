@@ -105,6 +105,11 @@ HELPERS: dict[str, Callable[..., onnx.FunctionProto]] = {
 }
 HELPERS_USED = {"MatMulExpertsUint4": ("Int8BlockActivations",), "MatMulExpertsInt4": ("Int8BlockActivations",)}
 
+
+def function_protos(op_type: str, onnx_opset: int = DEFAULT_ONNX_OPSET) -> list[onnx.FunctionProto]:
+    """The FunctionProtos a node of op_type needs in its model: its own, then the helpers its body calls."""
+    return [FUNCTIONS[op_type](onnx_opset)] + [HELPERS[h](onnx_opset) for h in HELPERS_USED.get(op_type, ())]
+
 # Inputs in order, and the integer attributes each node must carry.
 OP_INPUTS = {
     "MatMulMxfp4": ("A", "B", "B_scale"),
@@ -198,11 +203,11 @@ def attach_functions(model: onnx.ModelProto, onnx_opset: int | None = None) -> l
     for op_type in used:
         if op_type not in FUNCTIONS:
             raise ValueError(f"graph uses {DOMAIN}.{op_type}, which has no fallback; known: {sorted(FUNCTIONS)}")
-        for name in (op_type, *HELPERS_USED.get(op_type, ())):
-            if (DOMAIN, name) not in have:
-                model.functions.append((FUNCTIONS.get(name) or HELPERS[name])(opset))
-                have.add((DOMAIN, name))
-                added.append(name)
+        for proto in function_protos(op_type, opset):
+            if (DOMAIN, proto.name) not in have:
+                model.functions.append(proto)
+                have.add((DOMAIN, proto.name))
+                added.append(proto.name)
     if used and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
     return added

@@ -757,19 +757,17 @@ def build_op_stack(ctx, plans: list, name: str) -> OpStack:
 
 def _op_project(ctx, st: OpStack, x: str, idx: str, p: str, mx_done: bool) -> str:
     """x [T, K] or [T, k, K] -> [T, k, N] for the experts in idx [T, k]."""
-    from custom_ops.functions import DOMAIN, FUNCTIONS
+    from custom_ops.functions import DOMAIN, function_protos
     g = ctx.graph
     if st.mx_mode is not None and not mx_done:
         x = emit_fp4_activation_qdq(ctx, x, Fp4ActivationSpec("mxfp4", MXFP4_GROUP, st.mx_mode), p)
     if st.input_quant is not None:  # x [T, 1 | k, K] -> [T, k, K]
         x = _input_quant(ctx, st.input_quant, x, idx, p)
-    g.add_function(FUNCTIONS[st.op](g.opsets[""]), opset_version=1)
+    for proto in function_protos(st.op, g.opsets[""]):
+        g.add_function(proto, opset_version=1)
     scale_2 = [st.scale_2] if st.scale_2 is not None else []
     attrs = {}
     if st.op in ("MatMulExpertsUint4", "MatMulExpertsInt4"):
-        from custom_ops.functions import HELPERS, HELPERS_USED
-        for helper in HELPERS_USED.get(st.op, ()):
-            g.add_function(HELPERS[helper](g.opsets[""]), opset_version=1)
         attrs["accuracy_level"] = int4_experts_level(ctx)
     y = g.op(st.op, [x, idx, st.data, st.scale, *scale_2], f"{p}/{st.op}", domain=DOMAIN, **attrs)
     if st.bias is not None:

@@ -121,14 +121,12 @@ static void scatter_task(void* data, size_t index) { /* y_rows back to the pairs
 #ifndef QO_A8_TASK_BYTES
 #define QO_A8_TASK_BYTES 65536
 #endif
-/* weight rows per task for an expert with m rows of A. The int8-activation kernel's tasks hold about
- * QO_A8_TASK_BYTES of weight (the environment variable of that name overrides it, for benchmarks). Measured
+/* weight rows per task for an expert with m rows of A. The int8-activation kernel's tasks hold about `budget`
+ * bytes of weight (QO_A8_TASK_BYTES, or the environment variable of that name, for benchmarks). Measured
  * (2026-12-05, Xeon, 2 threads): in an ORT session rows of 16, 64 KB and 1 MB ran the same; under OpenMP on a stack
  * larger than the L3, 256 KB-1 MB tasks streamed 20-21.5 GB/s against 17.2 at 64 KB. */
-static int64_t task_rows(const qo_experts_job* job, int64_t m) {
+static int64_t task_rows(const qo_experts_job* job, int64_t m, int64_t budget) {
   if (job->fmt == QO_FMT_INT4 && job->a8) {
-    const char* env = getenv("QO_A8_TASK_BYTES");
-    const int64_t budget = env ? atoll(env) : QO_A8_TASK_BYTES;
     const int64_t row_bytes = (job->b_bytes + 4 * job->s_count + job->zp_bytes) / (job->N > 0 ? job->N : 1);
     int64_t rows = budget / (row_bytes * (m > 4 ? m / 4 : 1) + 1);
     rows = rows < QO_EXPERT_GEMV_ROWS ? QO_EXPERT_GEMV_ROWS : (rows + 1) / 2 * 2;
@@ -209,16 +207,18 @@ static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, 
       }
     }
   }
+  const char* env = getenv("QO_A8_TASK_BYTES"); /* read once per call */
+  const int64_t task_bytes = env ? atoll(env) : QO_A8_TASK_BYTES;
   int64_t count = 0;
   for (int64_t i = 0; i < n_used; ++i) {
-    const int64_t e = used[i], rows = task_rows(job, offset[e + 1] - offset[e]);
+    const int64_t e = used[i], rows = task_rows(job, offset[e + 1] - offset[e], task_bytes);
     count += (N + rows - 1) / rows;
   }
   tasks = (qo_expert_task*)malloc(sizeof(qo_expert_task) * (size_t)count);
   if (!tasks) goto done;
   count = 0;
   for (int64_t i = 0; i < n_used; ++i) {
-    const int64_t e = used[i], rows = task_rows(job, offset[e + 1] - offset[e]);
+    const int64_t e = used[i], rows = task_rows(job, offset[e + 1] - offset[e], task_bytes);
     for (int64_t n0 = 0; n0 < N; n0 += rows) {
       tasks[count].expert = e;
       tasks[count].n0 = n0;

@@ -264,6 +264,22 @@ A8_VNNI_INLINE __m512i pairs_vnni(__m512i a, __m512i b) { /* [a | b] -> 16 sums 
   return _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, b), _mm512_permutex2var_epi32(a, odd, b));
 }
 
+/* q[c]'s 128-bit lane L holds 4 partial sums of unit 4c + L: the 16 unit sums, in unit order (the transpose-add
+ * leaves lane L of its result with units L, 4 + L, 8 + L, 12 + L; the permute puts them in order) */
+A8_VNNI_INLINE __m512i unit_sums_vnni(const __m512i* q) {
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(q[0], q[1]), _mm512_unpackhi_epi32(q[0], q[1]));
+  const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(q[2], q[3]), _mm512_unpackhi_epi32(q[2], q[3]));
+  const __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+  return _mm512_permutexvar_epi32(order, s);
+}
+
+/* 8 bytes of packed uint4 zero points (block 2j in the low nibble of byte j) as 16 int32, in block order */
+A8_VNNI_INLINE __m512i zero_points_vnni(uint64_t bytes) {
+  const __m128i b = _mm_cvtsi64_si128((long long)bytes), m4 = _mm_set1_epi8(0x0F);
+  return _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(_mm_and_si128(b, m4), _mm_and_si128(_mm_srli_epi16(b, 4), m4)));
+}
+
 /* One group g of 16 blocks (16 * units units of 32 elements; `valid` of them in the weight, the rest of the group
  * past its end) of one weight row against mr prepared activation rows: acc[r] += fp32(v_b) * fp32(sa_b * sw_b) on
  * the blocks in `mask`. Per 256 weight bytes (16 units): four 64-byte loads, split into nibbles once, then per
@@ -271,7 +287,6 @@ A8_VNNI_INLINE __m512i pairs_vnni(__m512i a, __m512i b) { /* [a | b] -> 16 sums 
 A8_VNNI_INLINE void group_vnni(int mr, __m512* acc, const uint8_t* codes, const float* sw, const uint8_t* zp,
                                const a8_act* act, int64_t g, int64_t block, int units, int valid, __mmask16 mask) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   __m512i u[4][A8_MAX_UNITS];
   for (int i = 0; i < units; ++i) {
     const int vu = valid - 16 * i < 0 ? 0 : valid - 16 * i > 16 ? 16 : valid - 16 * i; /* units of this batch */
@@ -297,18 +312,12 @@ A8_VNNI_INLINE void group_vnni(int mr, __m512* acc, const uint8_t* codes, const 
                                               _mm512_load_si512((const void*)(a + 128 * c)));
         q[c] = _mm512_dpbusd_epi32(t, hi[c], _mm512_load_si512((const void*)(a + 128 * c + 64)));
       }
-      /* q[c]'s 128-bit lane L: 4 partial sums of unit 4c + L -> lane L of s: units L, 4 + L, 8 + L, 12 + L */
-      const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(q[0], q[1]), _mm512_unpackhi_epi32(q[0], q[1]));
-      const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(q[2], q[3]), _mm512_unpackhi_epi32(q[2], q[3]));
-      const __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
-      u[r][i] = _mm512_permutexvar_epi32(order, s);
+      u[r][i] = unit_sums_vnni(q);
     }
   }
-  __m512i z = _mm512_set1_epi32(8);
-  if (zp) {
-    const __m128i b = _mm_loadl_epi64((const __m128i*)zp), m4x = _mm_set1_epi8(0x0F);
-    z = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(_mm_and_si128(b, m4x), _mm_and_si128(_mm_srli_epi16(b, 4), m4x)));
-  }
+  uint64_t zb = 0;
+  if (zp) memcpy(&zb, zp, 8);
+  const __m512i z = zp ? zero_points_vnni(zb) : _mm512_set1_epi32(8);
   const __m512 w_scale = _mm512_maskz_loadu_ps(mask, sw);
   for (int r = 0; r < mr; ++r) {
     for (int n = units; n > 1; n /= 2)
@@ -351,7 +360,6 @@ A8_VNNI_INLINE void dot_vnni(int mr, const a8_row* w, const a8_act* act, const a
  * order group_vnni gives them: the same bits, at about half the tail's cost. */
 A8_VNNI_INLINE void tail_pair_vnni(__m512* acc0, __m512* acc1, const a8_row* w, const a8_act* act, int64_t g) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const int8_t* a = act->q + g * A8_GROUP * 32;
   __m512i q[4];
   for (int c = 0; c < 4; ++c) {
@@ -361,17 +369,13 @@ A8_VNNI_INLINE void tail_pair_vnni(__m512* acc0, __m512* acc1, const a8_row* w, 
     const __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void*)ac));
     q[c] = _mm512_dpbusd_epi32(t, hi, _mm512_load_si512((const void*)(ac + 64)));
   }
-  const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(q[0], q[1]), _mm512_unpackhi_epi32(q[0], q[1]));
-  const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(q[2], q[3]), _mm512_unpackhi_epi32(q[2], q[3]));
-  const __m512i u = _mm512_permutexvar_epi32(
-      order, _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1)));
+  const __m512i u = unit_sums_vnni(q);
   __m512i z = _mm512_set1_epi32(8);
-  if (w[0].zp) {
+  if (w[0].zp) { /* each row's 4 bytes of its tail's zero points */
     uint32_t z0, z1;
     memcpy(&z0, w[0].zp + g * 8, 4);
     memcpy(&z1, w[1].zp + g * 8, 4);
-    const __m128i b = _mm_cvtsi64_si128((long long)((uint64_t)z0 | (uint64_t)z1 << 32)), m4x = _mm_set1_epi8(0x0F);
-    z = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(_mm_and_si128(b, m4x), _mm_and_si128(_mm_srli_epi16(b, 4), m4x)));
+    z = zero_points_vnni((uint64_t)z0 | (uint64_t)z1 << 32);
   }
   const __m512i qs = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i*)(act->qsum + g * A8_GROUP)));
   const __m512 sa = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_load_ps(act->sa + g * A8_GROUP))));
@@ -444,7 +448,8 @@ A8_AVX2_INLINE void group_avx2(int mr, __m256* acc, const uint8_t* codes, const 
       const int bytes = vu * 16 - 32 * c;
       const uint8_t* p = codes + 128 * i + 32 * c;
       const __m256i x = bytes >= 32 ? _mm256_loadu_si256((const __m256i*)p)
-                        : bytes > 0 ? _mm256_maskload_epi32((const int*)p, _mm256_cmpgt_epi32(_mm256_set1_epi32(bytes / 4), lane))
+                        : bytes > 0 ? _mm256_maskload_epi32((const int*)p,
+                                                            _mm256_cmpgt_epi32(_mm256_set1_epi32(bytes / 4), lane))
                                     : _mm256_setzero_si256();
       lo[c] = _mm256_and_si256(x, m4);
       hi[c] = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
