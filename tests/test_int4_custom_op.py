@@ -3,8 +3,8 @@ format written here: W[n, k] = float32((q - z) * s), q the nibble k of row n (ev
 of MatMulNBits' [N, k_blocks, bs/2] layout), z the packed uint4 zero point of its block (8 when absent).
 
 Exactness of the decode: a one-hot activation row returns one weight value, bit for bit. Exactness of the sum: the
-float64 product bounds the float32 result. Bit identity: portable C, AVX2 and AVX-512 paths, M = 1 against M = 3 and
-128, 1 and 2 threads (a subprocess per thread count)."""
+float64 product bounds the float32 result. Bit identity: portable C, AVX2 and AVX-512 paths, M = 1 against the
+GEMV's chunks and the prefill panel (M = 7 .. 128), 1 and 2 threads (a subprocess per thread count)."""
 from __future__ import annotations
 
 import os
@@ -44,7 +44,9 @@ def check_close(y, a, w):
 
 @pytest.mark.parametrize("bs", [32, 64, 128])
 @pytest.mark.parametrize("asym", [True, False])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 128])
+# M: the GEMV (<= 4), its chunks (5..16), the panel (> 16: 12-row AVX-512 and 6-row AVX2 tiles, 29 = 2 x 12 + 5
+# and 4 x 6 + 5 leave a remainder tile on both)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 16, 29, 128])
 def test_int4_matches_numpy(bs, asym, m):
     rng = np.random.default_rng(bs * 7 + m + asym)
     n, k = 37, 3 * bs + 40 if bs > 32 else 200  # K and N not multiples of any tile; K padded to the block
@@ -65,7 +67,7 @@ def test_int4_matches_numpy(bs, asym, m):
     finally:
         del os.environ["QO_CPU_KERNELS"]
     np.testing.assert_array_equal(y.view(np.uint32), y_avx2.view(np.uint32))
-    # a row's result does not depend on M (GEMV at M <= 4, tiles at M > 4)
+    # a row's result does not depend on M (GEMV up to 16 rows, the panel above)
     y1 = native.matmul_int4(a[:1], b, s, zp, k, bs)
     np.testing.assert_array_equal(y[:1].view(np.uint32), y1.view(np.uint32))
 
@@ -166,12 +168,12 @@ def test_int4_function_fallback_and_ort_kernel(asym, bs):
 
 @pytest.mark.parametrize("bs", [32, 128])
 def test_int4_k_blocks_of_the_tiles(bs):
-    """K over the prefill tiles' K block (1024, partial sums kept between blocks), N over a task: the same bits on
-    every path and for M = 1 and M = 7."""
+    """A long K (one chain of the panel kernel runs K / 32 steps) and N over two 32-row panels, the second partial:
+    the same bits on every path and for M = 1 and M = 19 (the panel)."""
     rng = np.random.default_rng(bs)
     n, k = 53, 2 * 1024 + 3 * bs
     b, s, zp, w = make_case(rng, n, k, bs, True)
-    a = rng.standard_normal((7, k)).astype(np.float32)
+    a = rng.standard_normal((19, k)).astype(np.float32)
     outs = []
     for path in ("", "avx2", "portable"):
         if path:

@@ -23,16 +23,18 @@
  * lanes in one vector and the 16 odd ones in another: the low and the high nibbles of 16 bytes.)
  *
  * Paths: M <= 4 (decode): a GEMV straight from the packed weight, nibbles decoded in registers (AVX-512: one
- * permute of a 16-entry table (c - z) * s per group; AVX2: convert, subtract, multiply). M > 4 (prefill): each task
- * decodes its weight rows once to float32 (the same exact values) and runs register tiles of activation rows x
- * weight rows over them. block % 32 != 0 (block 16) runs the portable path. Work is split over weight-row blocks
- * through qo_cpu_parallel_for (ORT's intra-op pool under ORT, OpenMP otherwise). Compiled with -ffp-contract=off. */
+ * permute of a 16-entry table (c - z) * s per group; AVX2: convert, subtract, multiply); M <= 16: the same GEMV
+ * over chunks of a few activation rows. M > 16 (prefill): qo_cpu_int4_panel.c, the order computed as an fp32 GEMM
+ * (broadcast activations, weight rows in lanes, one lane's chain per pass, folded as the tree adds). block % 32 != 0
+ * (block 16) runs the portable path. Work is split over weight-row blocks through qo_cpu_parallel_for (ORT's
+ * intra-op pool under ORT, OpenMP otherwise). Compiled with -ffp-contract=off. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "qo_fp_formats.h"
+#include "qo_cpu_int4_panel.h"
 #include "qo_cpu_simd.h"
 #include "qo_kernels.h"
 
@@ -47,25 +49,13 @@
 #define I4_LANES 32
 #define I4_GEMV_MAX_M 4
 #define I4_GEMV_ROWS 16   /* weight rows per task, M <= 4 */
-#ifndef I4_PANEL_ROWS
-#define I4_PANEL_ROWS 16 /* weight rows per task, M > 4 (decoded to float32 one K block at a time) */
-#endif
+#define I4_PANEL_ROWS (2 * I4_PANEL_N) /* weight rows per task, M > 4 (qo_cpu_int4_panel.c: 32 rows per panel) */
 #ifndef I4_PREFETCH
 #define I4_PREFETCH 1024  /* GEMV: bytes ahead of each weight row's read, prefetched (more misses in flight) */
 #endif
 #ifndef I4_PREFETCH512
 #define I4_PREFETCH512 4096 /* the same for the block-32 AVX-512 GEMV (measured, M = 1 from L3 / DRAM: 1.15x 1024) */
 #endif
-#ifndef I4_KC
-#define I4_KC 1024 /* K block of the prefill tiles (partial sums kept between blocks) */
-#endif
-#ifndef I4_MR
-#define I4_MR 2 /* activation rows per AVX-512 tile (measured: 2 x 4 beats 4 x 3, 3 x 3) */
-#endif
-#ifndef I4_NR
-#define I4_NR 4 /* weight rows per AVX-512 tile */
-#endif
-
 
 #if defined(_MSC_VER)
 #define I4_TLS __declspec(thread)
@@ -79,7 +69,6 @@
 #define I4_INLINE static inline
 #endif
 
-enum { I4_PORTABLE = 0, I4_AVX2 = 1, I4_AVX512 = 2 };
 
 typedef struct {
   const float* A;        /* [M, K] */
@@ -89,8 +78,8 @@ typedef struct {
   const uint8_t* zp;     /* NULL: 8 */
   float* Y;
   int64_t M, N, K, Kc;   /* Kc: K rounded up to 32 (SIMD) */
-  int64_t n0;            /* prefill tiles: the task's first weight row */
   int64_t block, k_blocks, row_bytes, zp_row_bytes, rows_per_task;
+  int64_t chunk_max;     /* rows_of: the most rows run as GEMV chunks */
   int path;
   volatile int failed;
 } i4_job;
@@ -156,25 +145,40 @@ static void portable_task(i4_job* j, int64_t n0, int64_t n1) {
   }
 }
 
-/* A [M, K] -> per 32-chunk [a[32c + 2p], p < 16 | a[32c + 2p + 1], p < 16], zero past K; in K blocks of kb
- * columns, block after block, each [M, its width] (the rows of one block contiguous: no cache-set aliasing at a
- * large K). kb >= Kc: plain [M, Kc]. */
-static void deinterleave_a(const float* A, const int64_t* src, int64_t M, int64_t K, int64_t Kc, int64_t kb,
-                           float* out) { /* row m of A: A + (src ? src[m] : m) * K */
-  for (int64_t k0 = 0; k0 < Kc; k0 += kb) {
-    const int64_t kc = Kc - k0 < kb ? Kc - k0 : kb;
-    for (int64_t m = 0; m < M; ++m) {
-      const float* a = A + (src ? src[m] : m) * K;
-      float* d = out + k0 * M + m * kc - k0;
-      for (int64_t c = k0; c < k0 + kc; c += 32)
-        for (int p = 0; p < 16; ++p) {
-          const int64_t ke = c + 2 * p, ko = ke + 1;
-          d[c + p] = ke < K ? a[ke] : 0.0f;
-          d[c + 16 + p] = ko < K ? a[ko] : 0.0f;
-        }
-    }
+/* A [M, K] -> per 32-chunk [a[32c + 2p], p < 16 | a[32c + 2p + 1], p < 16], zero past K: [M, Kc] (the GEMV's
+ * layout; row m of A at A + (src ? src[m] : m) * K) */
+static void deinterleave_a(const float* A, const int64_t* src, int64_t M, int64_t K, int64_t Kc, float* out) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* a = A + (src ? src[m] : m) * K;
+    float* d = out + m * Kc;
+    for (int64_t c = 0; c < Kc; c += 32)
+      for (int p = 0; p < 16; ++p) {
+        const int64_t ke = c + 2 * p, ko = ke + 1;
+        d[c + p] = ke < K ? a[ke] : 0.0f;
+        d[c + 16 + p] = ko < K ? a[ko] : 0.0f;
+      }
   }
 }
+
+/* the job's A prepared for its M: the GEMV's layout up to gemv_max rows, else the panel kernel's */
+static void prepare_a(const i4_job* j, const int64_t* src, int64_t gemv_max, float* out) {
+  if (j->M <= gemv_max) deinterleave_a(j->A, src, j->M, j->K, j->Kc, out);
+  else qo_i4_panel_pack_a(j->path, j->A, src, j->M, j->K, j->Kc, out);
+}
+
+static void pack_tile_task(void* data, size_t t) {
+  const i4_job* j = (const i4_job*)data;
+  qo_i4_panel_pack_tile(j->path, j->A, NULL, j->M, j->K, j->Kc, (int64_t)t, (float*)j->ad);
+}
+
+#if QO_I4_X86
+/* rows [n0, n1) through the panel kernel */
+static void panel_task(i4_job* j, int64_t n0, int64_t n1) {
+  const i4_weight w = {j->B, j->scales, j->zp, j->N, j->K, j->Kc, j->block, j->k_blocks, j->row_bytes,
+                       j->zp_row_bytes};
+  if (qo_i4_panel_rows(j->path, &w, j->ad, j->M, n0, n1, j->Y, j->N) != QO_OK) j->failed = 1;
+}
+#endif
 
 #if QO_I4_X86
 /* ================= AVX2 + FMA ================= */
@@ -263,95 +267,6 @@ static void gemv_avx2_task(i4_job* j, int64_t n0, int64_t n1) {
       for (; n < n1; ++n) gemv_avx2_rows(j, n, 1, 4);
       break;
   }
-}
-
-/* decoded weights of rows n0.. (rows of them), k in [k0, k0 + kc), in the A layout (per 32-chunk: evens, odds) */
-static void decode_block_avx2(const i4_job* j, int64_t n0, int64_t rows, int64_t k0, int64_t kc, float* out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t n = n0 + r;
-    int64_t b = -1;
-    __m256 zf = _mm256_setzero_ps(), s = zf;
-    for (int64_t k = k0; k < k0 + kc; k += 32) {
-      if (k / j->block != b) {
-        b = k / j->block;
-        zf = _mm256_set1_ps((float)zero_point(j, n, b));
-        s = _mm256_set1_ps(j->scales[n * j->k_blocks + b]);
-      }
-      __m256 w0, w1, w2, w3;
-      decode32_avx2(j->B + n * j->row_bytes + k / 2, zf, s, &w0, &w1, &w2, &w3);
-      float* d = out + r * I4_KC + (k - k0);
-      _mm256_storeu_ps(d, w0);
-      _mm256_storeu_ps(d + 8, w1);
-      _mm256_storeu_ps(d + 16, w2);
-      _mm256_storeu_ps(d + 24, w3);
-    }
-  }
-}
-
-/* MR activation rows x NR weight rows over one K block, lanes 16 * half .. 16 * half + 15 of each output (the
- * lanes are independent: the even and the odd halves run as two passes), partial sums in part[m][r][32] */
-I4_INLINE void tile_avx2(const i4_job* j, const float* w, float* part, int64_t rows, int64_t m, int64_t r0,
-                         int64_t k0, int64_t kc, int half, const int MR, const int NR) {
-  __m256 acc[3][2][2];
-  for (int a = 0; a < MR; ++a)
-    for (int r = 0; r < NR; ++r) {
-      const float* p = part + ((m + a) * rows + r0 + r) * I4_LANES + 16 * half;
-      acc[a][r][0] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(p);
-      acc[a][r][1] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(p + 8);
-    }
-  const float* ap = j->ad + k0 * j->M + m * kc + 16 * half; /* the K block's [M, kc] */
-  const float* wp = w + r0 * I4_KC + 16 * half;
-  for (int64_t k = 0; k < kc; k += 32)
-    for (int v = 0; v < 2; ++v) {
-      __m256 wv[2];
-      for (int r = 0; r < NR; ++r) wv[r] = _mm256_loadu_ps(wp + r * I4_KC + k + 8 * v);
-      for (int a = 0; a < MR; ++a) {
-        const __m256 av = _mm256_loadu_ps(ap + a * kc + k + 8 * v);
-        for (int r = 0; r < NR; ++r) acc[a][r][v] = _mm256_fmadd_ps(av, wv[r], acc[a][r][v]);
-      }
-    }
-  for (int a = 0; a < MR; ++a)
-    for (int r = 0; r < NR; ++r) {
-      float* p = part + ((m + a) * rows + r0 + r) * I4_LANES + 16 * half;
-      _mm256_storeu_ps(p, acc[a][r][0]);
-      _mm256_storeu_ps(p + 8, acc[a][r][1]);
-    }
-}
-
-static void panel_avx2_task(i4_job* j, int64_t n0, int64_t n1) {
-  const int64_t rows = n1 - n0;
-  float* buf = tls_grow((size_t)(rows * I4_KC + j->M * rows * I4_LANES + 16));
-  if (!buf) {
-    j->failed = 1;
-    return;
-  }
-  float* w = qo_align64(buf);
-  float* part = w + rows * I4_KC;
-  for (int64_t k0 = 0; k0 < j->Kc; k0 += I4_KC) {
-    const int64_t kc = j->Kc - k0 < I4_KC ? j->Kc - k0 : I4_KC;
-    decode_block_avx2(j, n0, rows, k0, kc, w);
-    for (int64_t m = 0; m < j->M; m += 3) {
-      const int mr = j->M - m >= 3 ? 3 : (int)(j->M - m);
-      for (int64_t r = 0; r < rows; r += 2)
-        for (int half = 0; half < 2; ++half) {
-          if (r + 2 <= rows) {
-            if (mr == 3) tile_avx2(j, w, part, rows, m, r, k0, kc, half, 3, 2);
-            else if (mr == 2) tile_avx2(j, w, part, rows, m, r, k0, kc, half, 2, 2);
-            else tile_avx2(j, w, part, rows, m, r, k0, kc, half, 1, 2);
-          } else {
-            if (mr == 3) tile_avx2(j, w, part, rows, m, r, k0, kc, half, 3, 1);
-            else if (mr == 2) tile_avx2(j, w, part, rows, m, r, k0, kc, half, 2, 1);
-            else tile_avx2(j, w, part, rows, m, r, k0, kc, half, 1, 1);
-          }
-        }
-    }
-  }
-  for (int64_t m = 0; m < j->M; ++m)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* p = part + (m * rows + r) * I4_LANES;
-      j->Y[m * j->N + n0 + r] = fold_avx2(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), _mm256_loadu_ps(p + 16),
-                                          _mm256_loadu_ps(p + 24));
-    }
 }
 
 #if defined(__clang__)
@@ -586,104 +501,6 @@ static void gemv_avx512_task(i4_job* j, int64_t n0, int64_t n1) {
   }
 }
 
-static void decode_block_avx512(const i4_job* j, int64_t n0, int64_t rows, int64_t k0, int64_t kc, float* out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t n = n0 + r;
-    int64_t b = -1;
-    __m512 t = _mm512_setzero_ps();
-    for (int64_t k = k0; k < k0 + kc; k += 32) {
-      if (k / j->block != b) {
-        b = k / j->block;
-        t = group_table_z((unsigned)zero_point(j, n, b), &j->scales[n * j->k_blocks + b]);
-      }
-      const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(j->B + n * j->row_bytes + k / 2)));
-      float* d = out + r * I4_KC + (k - k0);
-      _mm512_storeu_ps(d, _mm512_permutexvar_ps(idx, t));
-      _mm512_storeu_ps(d + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t));
-    }
-  }
-}
-
-/* MR activation rows x NR weight rows over one K block; partial sums in part[m][r][32] between blocks */
-I4_INLINE void tile_avx512(const i4_job* j, const float* w, float* part, int64_t rows, int64_t m, int64_t r0,
-                           int64_t k0, int64_t kc, const int MR, const int NR) {
-  __m512 acc[I4_MR][I4_NR > 2 ? I4_NR : 2][2];
-  for (int a = 0; a < MR; ++a)
-    for (int r = 0; r < NR; ++r) {
-      const float* p = part + ((m + a) * rows + r0 + r) * I4_LANES;
-      acc[a][r][0] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(p);
-      acc[a][r][1] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(p + 16);
-    }
-  const float* ap = j->ad + k0 * j->M + m * kc; /* the K block's [M, kc] */
-  const float* wp = w + r0 * I4_KC;
-  for (int64_t k = 0; k < kc; k += 32) {
-    __m512 we[I4_NR > 2 ? I4_NR : 2], wo[I4_NR > 2 ? I4_NR : 2];
-    for (int r = 0; r < NR; ++r) {
-      we[r] = _mm512_loadu_ps(wp + r * I4_KC + k);
-      wo[r] = _mm512_loadu_ps(wp + r * I4_KC + k + 16);
-      /* each weight vector loaded once into a register (GCC would otherwise fold the load into every FMA; as FMA
-       * memory operands the tiles were 3-20 % slower at 2x4, 2x6, 1x12 and 3x4, measured 2026-12-05) */
-      __asm__("" : "+v"(we[r]), "+v"(wo[r]));
-    }
-    for (int a = 0; a < MR; ++a) {
-      const __m512 ae = _mm512_loadu_ps(ap + a * kc + k);
-      const __m512 ao = _mm512_loadu_ps(ap + a * kc + k + 16);
-      for (int r = 0; r < NR; ++r) {
-        acc[a][r][0] = _mm512_fmadd_ps(ae, we[r], acc[a][r][0]);
-        acc[a][r][1] = _mm512_fmadd_ps(ao, wo[r], acc[a][r][1]);
-      }
-    }
-  }
-  const int last = k0 + kc >= j->Kc;
-  for (int a = 0; a < MR; ++a)
-    for (int r = 0; r < NR; ++r) {
-      if (last) {
-        j->Y[(m + a) * j->N + j->n0 + r0 + r] = fold_avx512(acc[a][r][0], acc[a][r][1]);
-      } else {
-        float* p = part + ((m + a) * rows + r0 + r) * I4_LANES;
-        _mm512_storeu_ps(p, acc[a][r][0]);
-        _mm512_storeu_ps(p + 16, acc[a][r][1]);
-      }
-    }
-}
-
-#define I4_TILE_M(NR)                                                                       \
-  do {                                                                                      \
-    int64_t m = 0;                                                                          \
-    for (; m + I4_MR <= j->M; m += I4_MR) tile_avx512(j, w, part, rows, m, r, k0, kc, I4_MR, NR); \
-    for (; m < j->M; ++m) tile_avx512(j, w, part, rows, m, r, k0, kc, 1, NR);               \
-  } while (0)
-
-static void panel_avx512_task(i4_job* j, int64_t n0, int64_t n1) {
-  const int64_t rows = n1 - n0;
-  float* buf = tls_grow((size_t)(rows * I4_KC + j->M * rows * I4_LANES + 16));
-  if (!buf) {
-    j->failed = 1;
-    return;
-  }
-  float* w = qo_align64(buf);
-  float* part = w + rows * I4_KC;
-  i4_job local = *j; /* n0 for the tiles' output column */
-  local.n0 = n0;
-  j = &local;
-  for (int64_t k0 = 0; k0 < j->Kc; k0 += I4_KC) {
-    const int64_t kc = j->Kc - k0 < I4_KC ? j->Kc - k0 : I4_KC;
-    decode_block_avx512(j, n0, rows, k0, kc, w);
-    for (int64_t r = 0; r < rows;) {
-      if (rows - r >= I4_NR) {
-        I4_TILE_M(I4_NR);
-        r += I4_NR;
-      } else if (rows - r >= 2) {
-        I4_TILE_M(2);
-        r += 2;
-      } else {
-        I4_TILE_M(1);
-        r += 1;
-      }
-    }
-  }
-}
-
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -715,11 +532,11 @@ static int pick_path(int64_t block) {
 static void run_rows(i4_job* j, int64_t n0, int64_t n1, int gemv) {
 #if QO_I4_X86
   if (j->path == I4_AVX512) {
-    gemv ? gemv_avx512_task(j, n0, n1) : panel_avx512_task(j, n0, n1);
+    gemv ? gemv_avx512_task(j, n0, n1) : panel_task(j, n0, n1);
     return;
   }
   if (j->path == I4_AVX2) {
-    gemv ? gemv_avx2_task(j, n0, n1) : panel_avx2_task(j, n0, n1);
+    gemv ? gemv_avx2_task(j, n0, n1) : panel_task(j, n0, n1);
     return;
   }
 #endif
@@ -727,11 +544,43 @@ static void run_rows(i4_job* j, int64_t n0, int64_t n1, int gemv) {
   portable_task(j, n0, n1);
 }
 
+/* the rows entry point runs up to I4_CHUNKED_GEMV_MAX_M activation rows as GEMVs of a few rows each (the weight
+ * decoded in registers once per chunk) rather than decoding it to a float32 panel for a few rows (an expert's rows
+ * at prefill: about k T / E); the same bits either way. Chunks of balanced sizes, at most I4_CHUNK512 rows on
+ * AVX-512 at block 32 (measured, per activation row: 6 rows 0.77x the time of 4, 5 rows 0.82x), 4 otherwise. */
+#ifndef I4_CHUNK512
+#define I4_CHUNK512 6
+#endif
+#ifndef I4_CHUNKED_GEMV_MAX_M
+#define I4_CHUNKED_GEMV_MAX_M 16 /* measured (T = 128 and 512 tokens, top-8 of 128 experts [768, 2048]): chunks win to ~24 rows, the panel from ~32 */
+#endif
+
+/* rows [n0, n1) of the job: M <= 4 the GEMV; up to chunk_max rows (SIMD paths) the GEMV in chunks of a few
+ * activation rows (the weight decoded in registers once per chunk), A in the GEMV's layout; above, the panel */
+static void rows_of(i4_job* j, int64_t n0, int64_t n1, int64_t chunk_max) {
+  if (j->M > I4_GEMV_MAX_M && j->M <= chunk_max && j->path != I4_PORTABLE) {
+    const int64_t most = j->path == I4_AVX512 && j->block == 32 ? I4_CHUNK512 : I4_GEMV_MAX_M;
+    const int64_t chunks = (j->M + most - 1) / most;
+    const int64_t size = (j->M + chunks - 1) / chunks;
+    for (int64_t m0 = 0; m0 < j->M && n0 < n1; m0 += size) {
+      i4_job c = *j;
+      c.M = j->M - m0 < size ? j->M - m0 : size;
+      c.A = j->A ? j->A + m0 * j->K : NULL;
+      c.ad = j->ad + m0 * j->Kc;
+      c.Y = j->Y + m0 * j->N;
+      run_rows(&c, n0, n1, 1);
+      if (c.failed) j->failed = c.failed;
+    }
+  } else if (j->M > 0 && n0 < n1) {
+    run_rows(j, n0, n1, j->M <= I4_GEMV_MAX_M);
+  }
+}
+
 static void i4_task(void* data, size_t t) {
   i4_job* j = (i4_job*)data;
   const int64_t n0 = (int64_t)t * j->rows_per_task;
   const int64_t n1 = n0 + j->rows_per_task < j->N ? n0 + j->rows_per_task : j->N;
-  run_rows(j, n0, n1, j->M <= I4_GEMV_MAX_M);
+  rows_of(j, n0, n1, j->chunk_max);
 }
 
 /* the job of one weight (no A yet); its path picked now */
@@ -762,22 +611,12 @@ int64_t qo_cpu_int4_prepared_floats(int path, int64_t M, int64_t K, int64_t bloc
   return j.path == I4_PORTABLE ? 0 : M * j.Kc;
 }
 
-/* the rows entry point runs up to I4_CHUNKED_GEMV_MAX_M activation rows as GEMVs of a few rows each (the weight
- * decoded in registers once per chunk) rather than decoding it to a float32 panel for a few rows (an expert's rows
- * at prefill: about k T / E); the same bits either way. Chunks of balanced sizes, at most I4_CHUNK512 rows on
- * AVX-512 at block 32 (measured, per activation row: 6 rows 0.77x the time of 4, 5 rows 0.82x), 4 otherwise. */
-#ifndef I4_CHUNK512
-#define I4_CHUNK512 6
-#endif
-#ifndef I4_CHUNKED_GEMV_MAX_M
-#define I4_CHUNKED_GEMV_MAX_M 16 /* measured (T = 128 and 512 tokens, top-8 of 128 experts [768, 2048]): chunks win to ~24 rows, the panel from ~32 */
-#endif
 
 void qo_cpu_int4_prepare_a(int path, const float* A, const int64_t* rows, int64_t M, int64_t K, int64_t block_size,
                            float* prepared) {
-  const i4_job j = job_of(path, NULL, NULL, NULL, M, 0, K, block_size);
-  if (j.path != I4_PORTABLE)
-    deinterleave_a(A, rows, M, K, j.Kc, M <= I4_CHUNKED_GEMV_MAX_M ? j.Kc : I4_KC, prepared);
+  i4_job j = job_of(path, NULL, NULL, NULL, M, 0, K, block_size);
+  j.A = A;
+  if (j.path != I4_PORTABLE) prepare_a(&j, rows, I4_CHUNKED_GEMV_MAX_M, prepared);
 }
 
 int qo_cpu_int4_rows_f32(int path, const float* A, const float* prepared, int64_t M, int64_t N, int64_t K,
@@ -791,22 +630,7 @@ int qo_cpu_int4_rows_f32(int path, const float* A, const float* prepared, int64_
   j.A = A;
   j.ad = prepared;
   j.Y = Y;
-  if (M > I4_GEMV_MAX_M && M <= I4_CHUNKED_GEMV_MAX_M && j.path != I4_PORTABLE) {
-    const int64_t most = j.path == I4_AVX512 && block_size == 32 ? I4_CHUNK512 : I4_GEMV_MAX_M;
-    const int64_t chunks = (M + most - 1) / most;
-    const int64_t size = (M + chunks - 1) / chunks;
-    for (int64_t m0 = 0; m0 < M && n0 < n1; m0 += size) {
-      i4_job c = j;
-      c.M = M - m0 < size ? M - m0 : size;
-      c.A = A ? A + m0 * K : NULL;
-      c.ad = prepared + m0 * j.Kc;
-      c.Y = Y + m0 * N;
-      run_rows(&c, n0, n1, 1);
-      if (c.failed) j.failed = c.failed;
-    }
-  } else if (M > 0 && n0 < n1) {
-    run_rows(&j, n0, n1, j.M <= I4_GEMV_MAX_M);
-  }
+  rows_of(&j, n0, n1, I4_CHUNKED_GEMV_MAX_M);
   return j.failed ? QO_ERR_ALLOC : QO_OK;
 }
 
@@ -818,7 +642,9 @@ int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* scales, co
   i4_job j = job_of(pick_path(block_size), B, scales, zero_points, M, N, K, block_size);
   j.A = A;
   j.Y = Y;
-  j.rows_per_task = M <= I4_GEMV_MAX_M ? I4_GEMV_ROWS : I4_PANEL_ROWS;
+  j.chunk_max = I4_CHUNKED_GEMV_MAX_M; /* measured (dense [2048, 8192], g32 and g128, 1 thread): chunks 0.45-0.83x the
+                                       * panel's time at M = 5..16, the same at 24, slower at 32 */
+  j.rows_per_task = M <= j.chunk_max ? I4_GEMV_ROWS : I4_PANEL_ROWS;
   float* ad = NULL;
   const int64_t ad_floats = j.path == I4_PORTABLE ? 0 : M * j.Kc;
   if (ad_floats) {
@@ -826,8 +652,16 @@ int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* scales, co
     if (!ad) return QO_ERR_ALLOC;
     /* aligned (measured at M = 16 and 128, [2048, 8192] and [8192, 2048], g32, 1 thread: 2-12 % less time) */
     float* ad64 = qo_align64(ad);
-    deinterleave_a(A, NULL, M, K, j.Kc, M <= I4_GEMV_MAX_M ? j.Kc : I4_KC, ad64); /* this op: the panel layout above 4 rows */
     j.ad = ad64;
+    if (M <= j.chunk_max) {
+      prepare_a(&j, NULL, j.chunk_max, ad64);
+    } else { /* the panel's layout, tile by tile on the pool (K = 8192, M = 128: 0.45 ms of one thread) */
+      const int status = qo_cpu_parallel_for(pack_tile_task, (size_t)qo_i4_panel_tiles(j.path, M), &j);
+      if (status != QO_OK) {
+        free(ad);
+        return status;
+      }
+    }
   }
   if (K == 0 || j.k_blocks == 0) {
     for (int64_t i = 0; i < M * N; ++i) Y[i] = 0.0f;
