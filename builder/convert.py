@@ -334,6 +334,9 @@ def apply_ep_overrides(ep: EPConfig, options: BuildOptions) -> EPConfig:
             raise ConversionError(f"{key}={options.extra[key]} is not readable on {ep.name}: {why}",
                                   field=f"--extra_options {key}", value=options.extra[key],
                                   accepted=", ".join(v for v in EP_OVERRIDES[key] if v not in ep.refused_forms[key]))
+    if (ep.int4_linear == compact_forms.COMPACT and "int4_linear" not in options.extra
+            and options.accuracy_level not in (None, 1)):
+        ep = replace(ep, int4_linear="matmul_nbits")  # an explicit accuracy_level other than 1 asks for MatMulNBits
     return replace(ep, **{key: options.extra[key] for key in EP_OVERRIDES if key in options.extra})
 
 
@@ -422,10 +425,12 @@ ACCURACY_LEVEL_KEY = "quark_onnx.accuracy_level"  # model metadata; `verify` pri
 
 def accuracy_levels(nodes) -> str:
     """The accuracy_level(s) of the built MatMulNBits / QMoE / MatMulExpertsUint4 / Int4 nodes: "4", "1,4", or "none"
-    (no such node)."""
+    (no such node). com.quark_onnx MatMulUint4 / MatMulInt4 count as 1: fp32 activations, exact."""
     ops = ("MatMulNBits", "QMoE", "MatMulExpertsUint4", "MatMulExpertsInt4")
-    levels = sorted({a.i for n in nodes if n.op_type in ops
-                     for a in n.attribute if a.name == "accuracy_level"})
+    levels = {a.i for n in nodes if n.op_type in ops for a in n.attribute if a.name == "accuracy_level"}
+    if any(n.op_type in ("MatMulUint4", "MatMulInt4") and n.domain == "com.quark_onnx" for n in nodes):
+        levels.add(1)
+    levels = sorted(levels)
     return ",".join(map(str, levels)) if levels else "none"
 
 

@@ -121,7 +121,9 @@ def _has_fusable(plan) -> bool:
 
 OPTIONS: dict[str, Option] = {
     "accuracy_level": Option(choice("0", "1", "2", "3", "4", convert=int), _has_matmul_nbits,
-                             "MatMulNBits accuracy_level (CPU default 4; 1 for fp32-exact results)"),
+                             "MatMulNBits accuracy_level (CPU default 4; 1 for fp32-exact results). On cpu the 4-bit "
+                             "linears default to the exact com.quark_onnx MatMulUint4/Int4; a level other than 1 "
+                             "gives them MatMulNBits at that level"),
     "kv_cache": Option(choice("auto", "emulate", "off", "native"), _has_kv,
                        "FP8 KV cache (k_proj/v_proj.output_scale): auto|emulate|off|native"),
     "fp8_attention": Option(choice("auto", "off"), _has_fp8_attention, "FP8 attention subgraph: auto|off"),
@@ -139,8 +141,9 @@ OPTIONS: dict[str, Option] = {
                           "every CPU) | qdq (ORT CPU fuses an integer GEMM: faster, but on x86 CPUs without VNNI its "
                           "u8s8 kernel saturates and the logits drift)"),
     "int4_linear": Option(_choices_of(("builder.quant.int_weight_only", "INT4_LINEAR_FORMS")), _has_int4,
-                          "4-bit weight-only linear form: matmul_nbits (MatMulNBits at accuracy_level) | compact "
-                          "(cpu: com.quark_onnx MatMulUint4/MatMulInt4, fp32 activations, exact; custom-op library)"),
+                          "4-bit weight-only linear form: compact (cpu default with the custom-op library: "
+                          "com.quark_onnx MatMulUint4/MatMulInt4, fp32 activations, exact, the same bits on every "
+                          "CPU) | matmul_nbits (MatMulNBits at accuracy_level; the default elsewhere)"),
     "fp4_linear": Option(_choices_of(("builder.quant.mxfp4", "FP4_LINEAR_METHODS")), _has_fp4,
                          "FP4 weight form (overrides the EP profile)"),
     "amd_arch": Option(_choices_of(("builder.quant.mx_gemm", "AMD_ARCHES")), _has_mx_gemm,

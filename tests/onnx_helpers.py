@@ -124,20 +124,31 @@ def onnx_layer_name(module: str) -> str:
     return f"/model/layers.{parts[2]}/{'attn' if parts[3] == 'self_attn' else 'mlp'}/{parts[4]}"
 
 
+# com.quark_onnx ops on MatMulNBits' own 4-bit inputs (custom_ops/src/qo_cpu_int4.c: B, scales, zero points)
+INT4_COMPACT_OPS = ("MatMulUint4", "MatMulInt4")
+
+
 def matmul_nbits_nodes(model_dir: Path, model: onnx.ModelProto | None = None):
-    """Each MatMulNBits of the model as (node, attributes, {input name: numpy array of that initializer})."""
+    """Each MatMulNBits of the model, and each MatMulUint4 / MatMulInt4 (the cpu default's 4-bit form, the same
+    inputs; bits = 4), as (node, attributes, {input name: numpy array of that initializer})."""
     model = model if model is not None else onnx.load(str(model_dir / "model.onnx"))
     inits = {t.name: t for t in model.graph.initializer}
     for node in model.graph.node:
-        if node.op_type == "MatMulNBits":
+        if node.op_type == "MatMulNBits" or node.op_type in INT4_COMPACT_OPS:
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            attrs.setdefault("bits", 4)
             arrays = {name: numpy_helper.to_array(inits[name], base_dir=str(model_dir))
                       for name in node.input[1:] if name in inits}
             yield node, attrs, arrays
 
 
+def int4_linear_count(ops: dict) -> int:
+    """The 4-bit (and 8-bit) weight-only linears among op_types' counts: MatMulNBits or the compact 4-bit ops."""
+    return ops.get("MatMulNBits", 0) + sum(ops.get(op, 0) for op in INT4_COMPACT_OPS)
+
+
 def matmul_nbits_dequantized(model_dir: Path) -> dict[str, np.ndarray]:
-    """Decode every MatMulNBits back to float32 [N, K] from the ONNX tensors alone (ort_facts.md layout):
+    """Decode every MatMulNBits (and MatMulUint4 / MatMulInt4) back to float32 [N, K] from the ONNX tensors alone (ort_facts.md layout):
     B uint8 [N, k_blocks, bs*bits/8] LSB first, scales [N*k_blocks], zero_points packed or default 2^(bits-1)."""
     model = onnx.load(str(model_dir / "model.onnx"))
     out = {}

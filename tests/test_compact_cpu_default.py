@@ -114,20 +114,25 @@ def test_dense_fp32_form_is_bigger(exports, tmp_path):
     assert "MatMulFp8" not in op_types(out) and len(float_matrices(out)) == 14
 
 
-def test_no_library_one_line_and_fp32_forms(exports, tmp_path, monkeypatch):
-    """Library neither built nor buildable: one warning naming the reason and the command, the fp32 forms, a
-    genai_config without a library, and the same logits as the compact form."""
-    from builder.convert import convert
-    from builder.emit_context import BuildOptions
+def _no_library(monkeypatch) -> None:
     from custom_ops import ort_library
 
-    src = exports["ptpc_fp8"]
-    compact = build(src, tmp_path / "compact")
     monkeypatch.setattr(ort_library, "available", lambda: (None, "not built"))
 
     def no_compiler(**_kwargs):
         raise ort_library.BuildFailed("no C and C++ compiler found (set CC/CXX) to build the ORT custom-op library")
     monkeypatch.setattr(ort_library, "build", no_compiler)
+
+
+def test_no_library_one_line_and_fp32_forms(exports, tmp_path, monkeypatch):
+    """Library neither built nor buildable: one warning naming the reason and the command, the fp32 forms, a
+    genai_config without a library, and the same logits as the compact form."""
+    from builder.convert import convert
+    from builder.emit_context import BuildOptions
+
+    src = exports["ptpc_fp8"]
+    compact = build(src, tmp_path / "compact")
+    _no_library(monkeypatch)
     warnings, logs = [], []
     convert(src / "quark", tmp_path / "dense", "cpu", "fp32", BuildOptions(extra={"prefill_logits": "all"}),
             log=logs.append, warn=warnings.append)
@@ -186,7 +191,26 @@ def test_ort_keeps_compact_weights(exports, recipe, op, tmp_path):
     assert not float_weights and len(compact) == 14, (float_weights, compact)
 
 
-@pytest.mark.parametrize("recipe,op", [("fp8_w8a8", "MatMulFp8"), ("int4_g64", "MatMulNBits"),
+def test_no_library_4bit_weights_get_matmul_nbits(quark_exports, tmp_path, monkeypatch):
+    """The 4-bit default (MatMulInt4, exact) without the library: one warning, and MatMulNBits at accuracy_level 4
+    (the cpu form before the exact default)."""
+    from builder.convert import convert
+    from builder.emit_context import BuildOptions
+
+    _no_library(monkeypatch)
+    warnings = []
+    out = tmp_path / "m"
+    convert(quark_exports("llama_h64_bf16", "int4_g64") / "quark", out, "cpu", "fp32", BuildOptions(),
+            log=lambda _m: None, warn=warnings.append)
+    assert len(warnings) == 1 and compact_forms.BUILD_COMMAND in warnings[0], warnings
+    ops = op_types(out)
+    assert ops.get("MatMulNBits", 0) >= 7 and "MatMulInt4" not in ops and "MatMulUint4" not in ops, ops
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    assert {a.i for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+            if a.name == "accuracy_level"} == {4}
+
+
+@pytest.mark.parametrize("recipe,op", [("fp8_w8a8", "MatMulFp8"), ("int4_g64", "MatMulInt4"),
                                        ("nvfp4", "MatMulNvfp4")])
 def test_bf16_checkpoint_keeps_bf16_embedding_and_lm_head(quark_exports, recipe, op, tmp_path):
     """A bf16 export, 4-bit integer schemes included: the embedding (Gather + Cast) and the lm_head (MatMulBf16) keep
@@ -200,7 +224,8 @@ def test_bf16_checkpoint_keeps_bf16_embedding_and_lm_head(quark_exports, recipe,
     assert {"model.embed_tokens.weight.bf16", "lm_head.weight.bf16"} <= bf16, bf16
     total, rotary = output_tensor_bytes(out)
     assert (total - rotary) / export_bytes(export) <= SIZE_BOUND
-    dense = build(export, tmp_path / "d", custom_ops_library="none")
+    # without the library: fp32 tables, and for 4-bit weights MatMulNBits (its exact level 1, as the default's op is)
+    dense = build(export, tmp_path / "d", custom_ops_library="none", **({"accuracy_level": 1} if op == "MatMulInt4" else {}))
     assert "MatMulBf16" not in op_types(dense)
     ids = np.load(export / "reference.npz")["input_ids"]
     assert np.abs(prompt_logits(out, ids) - prompt_logits(dense, ids)).max() <= 5e-6

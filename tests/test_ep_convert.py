@@ -98,7 +98,7 @@ def _flag_all(severity):
 def test_error_rules_fail_conversion_and_warnings_do_not(exports, tmp_path, monkeypatch):
     import builder.ep_configs.cpu as cpu_module
     src = exports[("llama_h64", "uint4_g64")] / "quark"
-    base = cpu_module.CONFIG
+    base = replace(cpu_module.CONFIG, int4_linear="matmul_nbits")  # a MatMulNBits for the rule to flag
     monkeypatch.setattr(cpu_module, "CONFIG", replace(base, constraints=base.constraints + (_flag_all("error"),)))
     with pytest.raises(ConversionError, match=r"MatMulNBits \(MatMulNBits\): \[test-flag-matmulnbits\]"):
         _convert(src, tmp_path / "err", "cpu")

@@ -22,7 +22,7 @@ def build(tmp_path, **options):
     return out, json.loads((out / "genai_config.json").read_text())
 
 
-def test_fields_from_config_and_generation_config(tmp_path):
+def test_fields_from_config_and_generation_config(tmp_path, ort_ops_library):
     out, cfg = build(tmp_path)
     model, search = cfg["model"], cfg["search"]
     assert model["type"] == "llama" and model["context_length"] == 128 and model["vocab_size"] == 256
@@ -34,8 +34,10 @@ def test_fields_from_config_and_generation_config(tmp_path):
     assert dec["session_options"]["provider_options"] == []
     assert search["temperature"] == 0.6 and search["top_p"] == 0.9 and search["do_sample"] is True
     assert search["max_length"] == 128
+    # the custom-op library comes along for the cpu default's 4-bit linears (com.quark_onnx MatMulUint4)
     assert {p.name for p in out.iterdir()} == {"model.onnx", "model.onnx.data", "genai_config.json",
-                                               "tokenizer.json", "chat_template.jinja", ".quark_onnx_builder.json"}
+                                               "tokenizer.json", "chat_template.jinja", ".quark_onnx_builder.json",
+                                               "libquark_onnx_ops.so"}
 
 
 def test_custom_ops_library_is_copied_and_named(tmp_path, ort_ops_library):

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from independent_decode import dequantize_export
-from onnx_helpers import (NEW_TOKENS, build, decisive_prefix, genai_greedy, matmul_nbits_dequantized,
-                          onnx_layer_name, op_types, prompt_logits)
+from onnx_helpers import (INT4_COMPACT_OPS, NEW_TOKENS, build, decisive_prefix, genai_greedy, int4_linear_count,
+                         matmul_nbits_dequantized, onnx_layer_name, op_types, prompt_logits)
 from quark_factory import RECIPES, SHAPES, combo_problem, forward_logits, torch_greedy
 
 LOGIT_TOL = 1e-4  # fp32 io, accuracy_level 1: only the summation order differs from PyTorch
@@ -97,11 +97,11 @@ def test_matmulnbits_weights_equal_independent_decoder(exports, tmp_path, recipe
 def test_overrides_reach_the_graph(exports, tmp_path):
     import onnx
     out = build(exports[("llama_h64", "down_proj_wildcard_g32")], tmp_path / "onnx")
-    block = {n.name: {a.name: a.i for a in n.attribute}["block_size"]
+    block = {n.name.rsplit("/", 1)[0]: {a.name: a.i for a in n.attribute}["block_size"]
              for n in onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
-             if n.op_type == "MatMulNBits"}
-    assert block["/model/layers.0/mlp/down_proj/MatMulNBits"] == 32
-    assert block["/model/layers.0/mlp/gate_up_proj/MatMulNBits"] == 64  # gate and up agree: fused
+             if n.op_type in ("MatMulNBits", *INT4_COMPACT_OPS)}
+    assert block["/model/layers.0/mlp/down_proj"] == 32
+    assert block["/model/layers.0/mlp/gate_up_proj"] == 64  # gate and up agree: fused
 
 
 def test_excluded_layers_stay_float(exports, tmp_path):
@@ -109,7 +109,7 @@ def test_excluded_layers_stay_float(exports, tmp_path):
     ops = op_types(out)
     # per layer: qkv (fused), o, gate_up (fused), down = 4 MatMulNBits; layer 0's down_proj and lm_head are
     # excluded -> 7 MatMulNBits and 2 float matmuls (the lm_head as a Gemm on the row-order weight on cpu fp32)
-    assert ops["MatMulNBits"] == 7 and ops["MatMul"] == 1 and ops["Gemm"] == 1
+    assert int4_linear_count(ops) == 7 and ops["MatMul"] == 1 and ops["Gemm"] == 1
 
 
 def test_unfused_projections_give_the_same_logits(exports, tmp_path):
@@ -117,7 +117,7 @@ def test_unfused_projections_give_the_same_logits(exports, tmp_path):
     ids = np.load(export / "reference.npz")["input_ids"]
     fused = build(export, tmp_path / "fused", accuracy_level=1)
     unfused = build(export, tmp_path / "unfused", accuracy_level=1, fuse_projections=False)
-    assert op_types(fused)["MatMulNBits"] == 4 * 2 and op_types(unfused)["MatMulNBits"] == 7 * 2
+    assert int4_linear_count(op_types(fused)) == 4 * 2 and int4_linear_count(op_types(unfused)) == 7 * 2
     np.testing.assert_allclose(prompt_logits(fused, ids), prompt_logits(unfused, ids), atol=1e-5, rtol=0)
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from builder.arch import family_for
 from builder.errors import ConversionError
-from onnx_helpers import build, genai_greedy, int4_experts_nodes, op_types, prompt_logits
+from onnx_helpers import build, genai_greedy, int4_experts_nodes, int4_linear_count, op_types, prompt_logits
 
 # end-to-end cases of this module (tests/test_architecture_coverage.py); the integer ones are in
 # test_int_weight_models.py
@@ -81,10 +81,10 @@ def test_dense_form_matches_quark(quark_exports, tmp_path, recipe):
 def test_routed_qmoe_graph_on_cpu(quark_exports, tmp_path, recipe):
     ops = op_types(build(quark_exports("mixtral", recipe), tmp_path / "onnx", "cpu", "fp32"))
     assert int4_experts_nodes(ops) == 2 * LAYERS and "QMoE" not in ops  # the default: w1 + w3 fused, w2 per layer
-    assert ops["MatMulNBits"] == LAYERS * 2  # q/k/v fused and o_proj only: no expert MatMulNBits
+    assert int4_linear_count(ops) == LAYERS * 2  # q/k/v fused and o_proj only: no expert MatMulNBits
     ops = op_types(build(quark_exports("mixtral", recipe), tmp_path / "qmoe", "cpu", "fp32", int4_experts="qmoe"))
     assert ops["QMoE"] == LAYERS
-    assert ops["MatMulNBits"] == LAYERS * 2  # q/k/v fused and o_proj only: no expert MatMulNBits
+    assert int4_linear_count(ops) == LAYERS * 2  # q/k/v fused and o_proj only: no expert MatMulNBits
     assert "TopK" not in ops and "ScatterElements" not in ops
 
 
@@ -94,7 +94,7 @@ def test_dense_moe_graph_layout(export, tmp_path, ep, extra):
     ops = op_types(build(export, tmp_path / "onnx", ep, "fp16" if ep != "cpu" else "fp32", **extra))
     assert "QMoE" not in ops
     # per layer: q/k/v fused, o_proj, every expert's gate+up fused, one down_proj per expert; lm_head excluded
-    assert ops["MatMulNBits"] == LAYERS * (3 + EXPERTS)
+    assert int4_linear_count(ops) == LAYERS * (3 + EXPERTS)
     assert ops["TopK"] == ops["Softmax"] == ops["ScatterElements"] == LAYERS
     assert ops["MatMul"] + ops.get("Gemm", 0) == LAYERS + 1  # float routers and lm_head (a Gemm on cpu fp32)
 

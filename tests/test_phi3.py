@@ -42,11 +42,11 @@ def test_fused_modules_are_single_matmuls_then_split(quark_exports, tmp_path):
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
     nodes = {n.name: n for n in model.graph.node}
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer if not t.external_data}
-    assert op_types(out)["MatMulNBits"] == 4 * LAYERS  # qkv, o, gate_up, down
+    assert op_types(out)["MatMulUint4"] == 4 * LAYERS  # qkv, o, gate_up, down (the cpu default's exact 4-bit op)
     for i in range(LAYERS):
         p = f"/model/layers.{i}"
         for proj, n_out, sizes in (("attn/qkv_proj", 128, [64, 32, 32]), ("mlp/gate_up_proj", 256, [128, 128])):
-            mm = nodes[f"{p}/{proj}/MatMulNBits"]
+            mm = nodes[f"{p}/{proj}/MatMulUint4"]
             assert {a.name: a.i for a in mm.attribute}["N"] == n_out
             split = nodes[f"{p}/{proj}/Split"]
             assert split.input[0] == mm.output[0] and inits[split.input[1]].tolist() == sizes

@@ -95,18 +95,20 @@ def _prefix(tokens, expected) -> list[int]:
 
 @pytest.mark.parametrize("name", WEIGHT_ONLY)
 def test_real_model_weight_only_exact(real_exports, name, tmp_path):
-    r = run_onnx(real_exports[name], tmp_path / name, BuildOptions(accuracy_level=1))
+    """MatMulNBits at accuracy_level 1 (ORT's exact form; 4-bit weights default to our op on cpu, below)."""
+    r = run_onnx(real_exports[name], tmp_path / name,
+                 BuildOptions(accuracy_level=1, extra={"int4_linear": "matmul_nbits"}))
     assert abs(r["ppl_rel"]) < 1e-4, r           # measured 2e-7
     assert r["top1"] == 1.0 and r["max_diff"] < 1e-3, r   # measured 1.0e-4
     assert r["greedy"] == r["ref_greedy"], r
 
 
 @pytest.mark.parametrize("name", [n for n in WEIGHT_ONLY if n.startswith(("uint4", "int4"))])
-def test_real_model_int4_compact_exact(real_exports, name, tmp_path):
-    """int4_linear=compact (com.quark_onnx MatMulUint4 / MatMulInt4, custom_ops/src/qo_cpu_int4.c): fp32 activations
-    and Quark's exact decode, so the same bounds as MatMulNBits at accuracy_level 1."""
-    from builder.options import parse_extra_options
-    r = run_onnx(real_exports[name], tmp_path / name, parse_extra_options(["int4_linear=compact"]))
+def test_real_model_int4_default_exact(real_exports, name, tmp_path):
+    """The cpu default for 4-bit weights, int4_linear=compact (com.quark_onnx MatMulUint4 / MatMulInt4,
+    custom_ops/src/qo_cpu_int4.c and qo_cpu_int4_panel.c): fp32 activations and Quark's exact decode, so the same
+    bounds as MatMulNBits at accuracy_level 1."""
+    r = run_onnx(real_exports[name], tmp_path / name, BuildOptions())
     import onnx
     ops = {n.op_type for n in onnx.load(str(tmp_path / name / "model.onnx"), load_external_data=False).graph.node}
     assert "MatMulNBits" not in ops and ops & {"MatMulUint4", "MatMulInt4"}, ops

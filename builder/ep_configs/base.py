@@ -20,7 +20,7 @@ class EPConfig:
     keep_fake_quant: bool = False              # Q/DQ pairs rewritten so MIGraphX's GPU keeps them (ops/keep_fake_quant.py)
     fp8_linear: str = "qdq"                    # FP8 linears: qdq | dequantized_weight | matmul_block_fp8 | custom_op
     int8_linear: str = "qdq"                   # INT8 W8A8 linears: qdq | dequantized_weight (quant/int8_w8a8.py)
-    int4_linear: str = "matmul_nbits"          # 4-bit weight-only: matmul_nbits | compact (MatMulUint4, exact; cpu)
+    int4_linear: str = "matmul_nbits"          # 4-bit weight-only: matmul_nbits | compact (MatMulUint4, exact; cpu default)
     fp4_linear: str = "matmul_nbits8"          # MXFP4/NVFP4: matmul_nbits8 | native | dq_fp8 | dq_int8 | dense (quant/mxfp4.py)
     int4_experts: str = "qmoe"                 # routed 4-bit integer experts (cpu): qmoe | compact (ops/moe.py)
     amd_arch: str = "any"                      # rocm/migraphx: any | gfx950 (amd_arch option, quant/mx_gemm.py)

@@ -10,8 +10,9 @@ CONFIG = EPConfig(
     # No entry: onnxruntime-genai 0.18 always has the CPU EP and throws when "cpu" is given provider options.
     genai_provider_options=(),
     genai_provider_note="empty provider_options: the CPU EP is always registered (genai rejects options for it)",
-    # accuracy_level 4 (int8 activations) is the fast CPU path; 8-bit weights are 13-167x slower at level 0
-    # (ort_facts.md). Pass --extra_options accuracy_level=1 for fp32-exact results.
+    # MatMulNBits' accuracy_level 4 (int8 activations) is its fast CPU path; 8-bit weights are 13-167x slower at
+    # level 0 (ort_facts.md). It applies where MatMulNBits stays: 4-bit linears without the custom-op library (or
+    # with int4_linear=matmul_nbits), 8-bit weight-only linears, and the routed 4-bit experts' level (below).
     accuracy_level_4bit=4,
     accuracy_level_8bit=4,
     # Compact default (builder/compact_forms.py): the checkpoint's FP8 / INT8 / FP4 bytes through com.quark_onnx
@@ -22,6 +23,10 @@ CONFIG = EPConfig(
     fp8_linear="compact",
     int8_linear="compact",
     fp4_linear="compact",
+    # 4-bit weight-only linears: com.quark_onnx MatMulUint4 / Int4 on MatMulNBits' bytes, fp32 activations and
+    # Quark's exact decode, the same bits on every CPU (custom_ops/src/qo_cpu_int4.c, qo_cpu_int4_panel.c); without
+    # the library MatMulNBits at accuracy_level 4 (docs/benchmarks.md, "The exact 4-bit default").
+    int4_linear="compact",
     # 4-bit integer MoE experts: com.quark_onnx MatMulExpertsUint4 / Int4 at the accuracy_level below (level 4: int8
     # activations, QMoE's arithmetic), reading the stacked bytes in place; QMoE pre-packs a 1.4x copy at session
     # creation (docs/moe.md). Without the library: QMoE.

@@ -20,7 +20,8 @@ from .int_packing import pack_uint_lowfirst, unpack_int4_words
 
 BITS = {"int4": 4, "uint4": 4, "int8": 8, "uint8": 8}
 # --extra_options int4_linear: MatMulNBits (accuracy_level decides exactness and speed), or compact: the same bytes
-# through com.quark_onnx MatMulUint4 / MatMulInt4 (fp32 activations, Quark's exact decode; cpu, custom_ops library)
+# through com.quark_onnx MatMulUint4 / MatMulInt4 (fp32 activations, Quark's exact decode; cpu, custom_ops library;
+# the cpu default, ep_configs/cpu.py)
 INT4_LINEAR_FORMS = ("matmul_nbits", "compact")
 COMPACT_IO = ("fp32", "fp16")
 SIGNED = {"int4": True, "uint4": False, "int8": True, "uint8": False}
@@ -188,7 +189,8 @@ class IntWeightOnly(Scheme):
         bs = block_size_for(g, plan.in_features, plan.name)
         if cls._compact(plan, ep):
             return (f"com.quark_onnx {cls.custom_op(plan, ep)} block_size={bs} on MatMulNBits' 4-bit bytes (fp32 "
-                    "activations, exact; int4_linear=compact, + function fallback)")
+                    "activations, exact: the cpu default with the custom-op library, int4_linear=compact; + function "
+                    "fallback)")
         return (f"MatMulNBits bits={BITS[w.dtype]} block_size={bs}"
                 f"{' (per-channel scale replicated)' if w.qscheme == 'per_channel' else ''}"
                 f"{' (signed, shifted by 2^(bits-1))' if SIGNED[w.dtype] else ''}")
