@@ -27,8 +27,9 @@ vocab 201088, sinks, sliding window 128 on alternate layers, clamped SwiGLU, bia
 template: every linear but lm_head and the routers), and Qwen3-30B-A3B (hidden 2048, 48 layers, 128 experts top-8 of
 width 768, 32/4 heads of 128, vocab 151936, norm_topk_prob) as uint4 g32 (asymmetric, weight-only: the test
 factory's uint4_g32) and MXFP4. Their cpu default: com.quark_onnx MatMulExpertsMxfp4 for MXFP4 experts,
-MatMulExpertsUint4 at accuracy_level 4 for uint4 experts and MatMulUint4 (exact) for their attention (builder/ops/moe.py;
-the uint4 rows also run int4_experts=qmoe, one com.microsoft QMoE per layer, and the default at accuracy_level=1). What custom_ops_library=none gives them is not
+MatMulExpertsUint4 at accuracy_level 1 (exact) for uint4 experts and MatMulUint4 (exact) for their attention
+(builder/ops/moe.py; the uint4 rows also run int4_experts=qmoe, one com.microsoft QMoE per layer, and
+accuracy_level=4: int8 activations in the experts op and MatMulNBits, the default before 2026-12-05). What custom_ops_library=none gives them is not
 fp32-dense experts: MXFP4 experts take the routed standard-op form (the stacked bytes decoded in standard ops;
 attention fp32), uint4 experts take QMoE and the attention MatMulNBits (4-bit integer weights never had an fp32 CPU
 form). `--vocab proportional` (the release's vocabulary x --layers / its depth) keeps the
@@ -125,7 +126,8 @@ COMPACT_OPTION = {"fp8_kv": ["fp8_linear=compact"], "ptpc": ["fp8_linear=compact
 # uint4 MoE rows: also --extra_options int4_experts=qmoe (QMoE instead of MatMulExpertsUint4: the default before
 # 2026-12-05, and the form without the library; docs/moe.md)
 INT4_EXPERTS_FORM = "int4_experts=qmoe (QMoE, MatMulUint4)"
-QMOE_EXACT_FORM = "default at accuracy_level=1 (MatMulExpertsUint4 and MatMulUint4: fp32 activations, exact)"
+# the default before 2026-12-05: int8 activations (MatMulExpertsUint4 and MatMulNBits at accuracy_level 4)
+INT8_ACT_FORM = "accuracy_level=4 (MatMulExpertsUint4 and MatMulNBits: int8 activations)"
 # MoE release shapes (public configs); moe_inter: the expert width
 QWEN3_30B_A3B = dict(arch="qwen3_moe", hidden=2048, inter=6144, moe_inter=768, layers=48, heads=32, kv_heads=4,
                      head_dim=128, vocab=151936, experts=128, top_k=8)
@@ -551,8 +553,8 @@ def main(argv=None) -> int:
             del forms[baseline_form(scheme)]
         if kind == "uint4" and "arch" in shape and not a.no_dense:  # QMoE (with the library) vs the default experts op
             forms[INT4_EXPERTS_FORM] = (work / f"{scheme}_qmoe", ["int4_experts=qmoe"])
-            # the default at accuracy_level 1 (fp32 activations: Quark's exact product in the experts op)
-            forms[QMOE_EXACT_FORM] = (work / f"{scheme}_acc1", ["accuracy_level=1"])
+            # accuracy_level 4 (int8 activations in the experts op and the dense linears; the default is 1: exact)
+            forms[INT8_ACT_FORM] = (work / f"{scheme}_acc4", ["accuracy_level=4"])
         info = {form: convert(export, out, extra) for form, (out, extra) in forms.items()}
         runs = {form: [] for form in forms}
         folded = {form: [op for op, how in kernels_used(out).items() if how != "kernel"]

@@ -14,8 +14,9 @@ On the cpu EP, unless the user chose otherwise with --extra_options:
                                                        library, or at an explicit accuracy_level other than 1:
                                                        MatMulNBits)
   4-bit integer MoE experts       int4_experts=compact com.quark_onnx MatMulExpertsUint4 / Int4 (the stacked
-                                                       MatMulNBits bytes in place, accuracy_level 4: int8
-                                                       activations as QMoE's; without the library: QMoE)
+                                                       MatMulNBits bytes in place, accuracy_level 1: exact, as
+                                                       the dense 4-bit linears; 4 at an explicit accuracy_level=4:
+                                                       int8 activations as QMoE's; without the library: QMoE)
   bf16 lm_head                    lm_head=bf16         com.quark_onnx MatMulBf16 (builder/quant/float_bf16.py)
   bf16 embedding                  embedding=bf16       Gather + Cast (standard ops; set with the others)
 The activation emulation of each scheme stays in standard ops in front of the node, so the logits are the dense fp32

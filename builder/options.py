@@ -159,7 +159,7 @@ OPTIONS: dict[str, Option] = {
     "int4_experts": Option(_choices_of(("builder.ops.moe", "INT4_EXPERTS_FORMS")), _has_moe,
                            "cpu routed 4-bit integer experts: compact (default with the custom-op library: "
                            "com.quark_onnx MatMulExpertsUint4/Int4, the stacked bytes read in place, at "
-                           "accuracy_level 4 int8 activations as QMoE's, at 1 exact) | qmoe (com.microsoft QMoE, "
+                           "accuracy_level 1 (the default) exact, at an explicit 4 int8 activations as QMoE's) | qmoe (com.microsoft QMoE, "
                            "pre-packed at session creation; default without the library)"),
     "mla_cache": Option(_choices_of(("builder.ops.mla_attention", "MLA_CACHE_FORMS")), _has_mla,
                         "DeepSeek MLA cache: materialized (per-head K/V in GroupQueryAttention) | latent (MLA's "

@@ -8,6 +8,7 @@ built. Against Quark's own model (reference.npz of each tiny export, as tests/te
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -36,7 +37,8 @@ INT8_FLIP = ("qwen3_moe", "int8_w8a8")
 
 
 # 4-bit integer experts: MatMulExpertsUint4 (zero points) / MatMulExpertsInt4 (symmetric: every zero point 8) by
-# default on cpu with the library (accuracy_level 4: int8 activations; 1: Quark's exact product); QMoE without it
+# default on cpu with the library (accuracy_level 1, the default since 2026-12-05: Quark's exact product; 4: int8
+# activations); QMoE without it
 # or with --extra_options int4_experts=qmoe (tests/test_moe_routed.py)
 INT4_CASES = [("qwen3_moe", "uint4_g32"), ("qwen3_moe", "int4_per_channel"), ("mixtral", "uint4_g32"),
               ("gpt_oss", "uint4_g32")]
@@ -99,23 +101,27 @@ def test_experts_op_form_matches_quark(exports, tmp_path, shape, recipe):
 
 @pytest.mark.parametrize("shape,recipe", INT4_CASES, ids=[f"{s}-{r}" for s, r in INT4_CASES])
 def test_int4_experts_compact_matches_quark(exports, tmp_path, shape, recipe):
-    """int4_experts=compact: the 4-bit experts through MatMulExpertsUint4 / Int4 (no QMoE), against Quark's logits
-    and greedy tokens; 1 and 2 threads the same bits; the ONNX-function fallback too."""
+    """The cpu default: the 4-bit experts through MatMulExpertsUint4 / Int4 at accuracy_level 1 (no QMoE), against
+    Quark's logits and greedy tokens; 1 and 2 threads the same bits; the ONNX-function fallback too."""
     export = exports[(shape, recipe)]
     ref = np.load(export / "reference.npz")
-    out = build(export, tmp_path / "onnx", "cpu", "fp32", accuracy_level=1, int4_experts="compact")
+    out = build(export, tmp_path / "onnx", "cpu", "fp32")
     library = shipped_library(out)
     if library is None:
         pytest.skip("no custom-op library: the conversion wrote the QMoE form")
     ops = op_types(out)
     assert ops.get(INT4_OP[recipe]) == SPARSE[shape] * nodes_per_layer(shape, recipe), ops
     assert "If" not in ops and "QMoE" not in ops
-    _check_against_quark(out, ref, library, INT4_OP[recipe], f"{shape} {recipe} int4_experts=compact")
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    assert {a.i for n in model.graph.node if n.op_type == INT4_OP[recipe] for a in n.attribute
+            if a.name == "accuracy_level"} == {1}  # exact
+    _check_against_quark(out, ref, library, INT4_OP[recipe], f"{shape} {recipe} cpu default")
 
 
 @pytest.mark.parametrize("shape,recipe", INT4_CASES, ids=[f"{s}-{r}" for s, r in INT4_CASES])
 def test_int4_experts_level4_is_qmoe_arithmetic(exports, tmp_path, shape, recipe):
-    """The cpu default (accuracy_level 4): MatMulExpertsUint4 / Int4 with int8 activations against onnxruntime's
+    """accuracy_level=4 (the cpu default before 2026-12-05; now the default is level 1, exact, as the dense 4-bit
+    linears): MatMulExpertsUint4 / Int4 with int8 activations against onnxruntime's
     own QMoE at level 4 on the same export (int4_experts=qmoe; MLAS CompInt8, an independent implementation of the
     same arithmetic): their logits differ by float summation order (and the odd activation code MLAS rounds the
     other way), far less than either differs from Quark's fp32 model. The ONNX-function fallback's level-4
@@ -123,12 +129,12 @@ def test_int4_experts_level4_is_qmoe_arithmetic(exports, tmp_path, shape, recipe
     export = exports[(shape, recipe)]
     ref = np.load(export / "reference.npz")
     ids = ref["input_ids"]
-    out = build(export, tmp_path / "onnx", "cpu", "fp32")
+    out = build(export, tmp_path / "onnx", "cpu", "fp32", accuracy_level=4)
     if shipped_library(out) is None:
         pytest.skip("no custom-op library: the conversion wrote the QMoE form")
     ops = op_types(out)
     assert ops.get(INT4_OP[recipe]) == SPARSE[shape] * nodes_per_layer(shape, recipe) and "QMoE" not in ops, ops
-    qmoe = build(export, tmp_path / "qmoe", "cpu", "fp32", int4_experts="qmoe")
+    qmoe = build(export, tmp_path / "qmoe", "cpu", "fp32", int4_experts="qmoe", accuracy_level=4)
     assert op_types(qmoe)["QMoE"] == SPARSE[shape]
     ours, theirs = prompt_logits(out, ids), prompt_logits(qmoe, ids)
     fallback = prompt_logits(out, ids, custom_ops_library="")

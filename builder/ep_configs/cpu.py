@@ -27,9 +27,10 @@ CONFIG = EPConfig(
     # Quark's exact decode, the same bits on every CPU (custom_ops/src/qo_cpu_int4.c, qo_cpu_int4_panel.c); without
     # the library MatMulNBits at accuracy_level 4 (docs/benchmarks.md, "The exact 4-bit default").
     int4_linear="compact",
-    # 4-bit integer MoE experts: com.quark_onnx MatMulExpertsUint4 / Int4 at the accuracy_level below (level 4: int8
-    # activations, QMoE's arithmetic), reading the stacked bytes in place; QMoE pre-packs a 1.4x copy at session
-    # creation (docs/moe.md). Without the library: QMoE.
+    # 4-bit integer MoE experts: com.quark_onnx MatMulExpertsUint4 / Int4, reading the stacked bytes in place, at the
+    # dense 4-bit linears' arithmetic (routed_experts.int4_experts_level: level 1, exact, with int4_linear=compact;
+    # 4, QMoE's int8 activations, at an explicit accuracy_level=4); QMoE pre-packs a 1.4x copy at session creation
+    # (docs/moe.md). Without the library: QMoE.
     int4_experts="compact",
     custom_ops_backend="cpu",
     constraints=CPU_RULES,

@@ -45,7 +45,7 @@ from .linear import emit_linear, emit_linears
 MOE_FORMS = ("routed", "gather", "dense")
 # --extra_options int4_experts=...: the cpu routed form of 4-bit integer experts: compact (the cpu default with the
 # custom-op library: com.quark_onnx MatMulExpertsUint4 / MatMulExpertsInt4, the stacked MatMulNBits bytes read in
-# place; at accuracy_level 4 int8 activations as QMoE's, at 1 Quark's exact fp32 product) | qmoe (com.microsoft
+# place; at accuracy_level 1, the default, Quark's exact fp32 product, at 4 int8 activations as QMoE's) | qmoe (com.microsoft
 # QMoE, which pre-packs the experts at session creation: about 1.4x their bytes; the default without the library)
 INT4_EXPERTS_FORMS = ("qmoe", "compact")
 ROUTED_EPS = ("cpu",)

@@ -640,10 +640,14 @@ def experts_op_applies(ctx, experts: list[tuple]) -> bool:
 
 
 def int4_experts_level(ctx) -> int:
-    """MatMulExpertsUint4 / Int4's accuracy_level: 4 (int8 activations, QMoE / MatMulNBits level 4's arithmetic)
-    where MatMulNBits gets level 4 (the cpu default), else 1 (Quark's exact fp32 product)."""
+    """MatMulExpertsUint4 / Int4's accuracy_level, the dense 4-bit linears' arithmetic: 1 (Quark's exact fp32
+    product) where those run the exact MatMulUint4 / Int4 (the cpu default with the library), 4 (int8 activations,
+    QMoE / MatMulNBits level 4's arithmetic) where they run MatMulNBits at level 4 (an explicit accuracy_level=4,
+    or int4_linear=matmul_nbits)."""
     level = ctx.options.accuracy_level
-    return 4 if (level if level is not None else ctx.ep.default_accuracy_level(4)) == 4 else 1
+    if level is None:
+        level = 1 if getattr(ctx.ep, "int4_linear", None) == "compact" else ctx.ep.default_accuracy_level(4)
+    return 4 if level == 4 else 1
 
 
 def _int4_experts_op(ctx, plan, symbols) -> bool:
