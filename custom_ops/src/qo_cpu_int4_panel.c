@@ -90,6 +90,31 @@ static float* panel_buffer(size_t want) {
 /* the leaves of the fold in the order its tree joins them: 4-bit bit reversal */
 static const int p_leaf[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
 
+/* The tree join of leaf t of parity par (the lane chain's sums in acc[m][0..1], m < MR): while the leaf is a right
+ * child it is added to its finished sibling's partial sum (st[level], the left operand as in the fold), then kept at
+ * its level; the even lanes' root goes to even[], the odd lanes' root is added to it (acc then holds the outputs:
+ * returns 1). V: the vector type, ADD its addition. */
+#define P_JOIN_LEAF_FN(name, V, ADD, MRMAX)                                                          \
+  P_INLINE int name(V st[4][MRMAX][2], V even[MRMAX][2], V acc[MRMAX][2], const int MR, int t, int par) { \
+    int lvl = 0;                                                                                     \
+    for (; lvl < 4 && ((t >> lvl) & 1); ++lvl)                                                       \
+      for (int m = 0; m < MR; ++m)                                                                   \
+        for (int v = 0; v < 2; ++v) acc[m][v] = ADD(st[lvl][m][v], acc[m][v]);                       \
+    if (lvl < 4) {                                                                                   \
+      for (int m = 0; m < MR; ++m)                                                                   \
+        for (int v = 0; v < 2; ++v) st[lvl][m][v] = acc[m][v];                                       \
+      return 0;                                                                                      \
+    }                                                                                                \
+    if (par == 0) {                                                                                  \
+      for (int m = 0; m < MR; ++m)                                                                   \
+        for (int v = 0; v < 2; ++v) even[m][v] = acc[m][v];                                          \
+      return 0;                                                                                      \
+    }                                                                                                \
+    for (int m = 0; m < MR; ++m)                                                                     \
+      for (int v = 0; v < 2; ++v) acc[m][v] = ADD(even[m][v], acc[m][v]);                            \
+    return 1;                                                                                        \
+  }
+
 static inline int zero_point_of(const i4_weight* w, int64_t n, int64_t b) {
   if (!w->zp) return 8;
   const uint8_t byte = w->zp[n * w->zp_row_bytes + (b >> 1)];
@@ -179,6 +204,8 @@ static void decode_panel_avx2(const i4_weight* w, int64_t n0, int64_t nv, float*
   }
 }
 
+P_JOIN_LEAF_FN(p_join_leaf_avx2, __m256, _mm256_add_ps, P_MR256)
+
 /* MR rows x 16 weight rows (half h of the panel): the 32 chains, folded; y[m * ldy + c] for c < nv */
 P_INLINE void chains_avx2(const float* ap, const float* wp, int64_t I, const int MR, float* y, int64_t ldy, int nv) {
   __m256 st[4][P_MR256][2], even[P_MR256][2];
@@ -198,27 +225,11 @@ P_INLINE void chains_avx2(const float* ap, const float* wp, int64_t I, const int
           acc[m][1] = _mm256_fmadd_ps(x, w1, acc[m][1]);
         }
       }
-      int lvl = 0;
-      for (; lvl < 4 && ((t >> lvl) & 1); ++lvl)
-        for (int m = 0; m < MR; ++m) {
-          acc[m][0] = _mm256_add_ps(st[lvl][m][0], acc[m][0]);
-          acc[m][1] = _mm256_add_ps(st[lvl][m][1], acc[m][1]);
-        }
-      if (lvl < 4) {
-        for (int m = 0; m < MR; ++m) {
-          st[lvl][m][0] = acc[m][0];
-          st[lvl][m][1] = acc[m][1];
-        }
-      } else if (par == 0) {
-        for (int m = 0; m < MR; ++m) {
-          even[m][0] = acc[m][0];
-          even[m][1] = acc[m][1];
-        }
-      } else {
+      if (p_join_leaf_avx2(st, even, acc, MR, t, par)) {
         for (int m = 0; m < MR; ++m) {
           float out[16];
-          _mm256_storeu_ps(out, _mm256_add_ps(even[m][0], acc[m][0]));
-          _mm256_storeu_ps(out + 8, _mm256_add_ps(even[m][1], acc[m][1]));
+          _mm256_storeu_ps(out, acc[m][0]);
+          _mm256_storeu_ps(out + 8, acc[m][1]);
           if (nv >= 16) {
             memcpy(y + m * ldy, out, 16 * sizeof(float));
           } else {
@@ -295,6 +306,8 @@ static void decode_panel_avx512(const i4_weight* w, int64_t n0, int64_t nv, floa
   }
 }
 
+P_JOIN_LEAF_FN(p_join_leaf_avx512, __m512, _mm512_add_ps, P_MR512)
+
 /* MR rows x the panel's 32 weight rows: the 32 chains, folded; y[m * ldy + c] for c < nv */
 P_INLINE void chains_avx512(const float* ap, const float* wp, int64_t I, const int MR, float* y, int64_t ldy,
                             int nv) {
@@ -315,28 +328,12 @@ P_INLINE void chains_avx512(const float* ap, const float* wp, int64_t I, const i
           acc[m][1] = _mm512_fmadd_ps(x, w1, acc[m][1]);
         }
       }
-      int lvl = 0;
-      for (; lvl < 4 && ((t >> lvl) & 1); ++lvl)
-        for (int m = 0; m < MR; ++m) {
-          acc[m][0] = _mm512_add_ps(st[lvl][m][0], acc[m][0]);
-          acc[m][1] = _mm512_add_ps(st[lvl][m][1], acc[m][1]);
-        }
-      if (lvl < 4) {
-        for (int m = 0; m < MR; ++m) {
-          st[lvl][m][0] = acc[m][0];
-          st[lvl][m][1] = acc[m][1];
-        }
-      } else if (par == 0) {
-        for (int m = 0; m < MR; ++m) {
-          even[m][0] = acc[m][0];
-          even[m][1] = acc[m][1];
-        }
-      } else {
+      if (p_join_leaf_avx512(st, even, acc, MR, t, par)) {
         const __mmask16 k0 = nv >= 16 ? 0xFFFF : (__mmask16)((1u << nv) - 1);
         const __mmask16 k1 = nv >= 32 ? 0xFFFF : nv <= 16 ? 0 : (__mmask16)((1u << (nv - 16)) - 1);
         for (int m = 0; m < MR; ++m) {
-          _mm512_mask_storeu_ps(y + m * ldy, k0, _mm512_add_ps(even[m][0], acc[m][0]));
-          _mm512_mask_storeu_ps(y + m * ldy + 16, k1, _mm512_add_ps(even[m][1], acc[m][1]));
+          _mm512_mask_storeu_ps(y + m * ldy, k0, acc[m][0]);
+          _mm512_mask_storeu_ps(y + m * ldy + 16, k1, acc[m][1]);
         }
       }
     }
