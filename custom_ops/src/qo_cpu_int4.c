@@ -48,7 +48,9 @@
 
 #define I4_LANES 32
 #define I4_GEMV_MAX_M 4
+#ifndef I4_GEMV_ROWS
 #define I4_GEMV_ROWS 16   /* weight rows per task, M <= 4 */
+#endif
 #define I4_PANEL_ROWS (2 * I4_PANEL_N) /* weight rows per task, M > 4 (qo_cpu_int4_panel.c: 32 rows per panel) */
 #ifndef I4_PREFETCH
 #define I4_PREFETCH 1024  /* GEMV: bytes ahead of each weight row's read, prefetched (more misses in flight) */
