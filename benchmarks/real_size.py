@@ -29,8 +29,8 @@ width 768, 32/4 heads of 128, vocab 151936, norm_topk_prob) as uint4 g32 (asymme
 factory's uint4_g32) and MXFP4. Their cpu default: com.quark_onnx MatMulExpertsMxfp4 for MXFP4 experts,
 MatMulExpertsUint4 at accuracy_level 1 (exact) for uint4 experts and MatMulUint4 (exact) for their attention
 (builder/ops/moe.py; the uint4 rows also run int4_experts=qmoe, one com.microsoft QMoE per layer, and
-accuracy_level=4: int8 activations in the experts op and MatMulNBits, the default before 2026-12-05). What custom_ops_library=none gives them is not
-fp32-dense experts: MXFP4 experts take the routed standard-op form (the stacked bytes decoded in standard ops;
+accuracy_level=4: int8 activations in the experts op and MatMulNBits, the default before 2026-12-05). What
+custom_ops_library=none gives them is not fp32-dense experts: MXFP4 experts take the routed standard-op form (the stacked bytes decoded in standard ops;
 attention fp32), uint4 experts take QMoE and the attention MatMulNBits (4-bit integer weights never had an fp32 CPU
 form). `--vocab proportional` (the release's vocabulary x --layers / its depth) keeps the
 lm_head's share of a token's bytes and of the RSS as in the full model. Each og run gets an address-space limit

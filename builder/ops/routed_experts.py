@@ -58,6 +58,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..compact_forms import COMPACT
 from ..quant.float_linear import FloatLinear
 from ..quant.fp8_w8a8 import Fp8W8A8, activation_mode, scalar_scale
 from ..quant.int8_w8a8 import INT_DTYPES, Int8W8A8
@@ -646,7 +647,7 @@ def int4_experts_level(ctx) -> int:
     or int4_linear=matmul_nbits)."""
     level = ctx.options.accuracy_level
     if level is None:
-        level = 1 if getattr(ctx.ep, "int4_linear", None) == "compact" else ctx.ep.default_accuracy_level(4)
+        level = 1 if ctx.ep.int4_linear == COMPACT else ctx.ep.default_accuracy_level(4)
     return 4 if level == 4 else 1
 
 

@@ -71,7 +71,6 @@
 #define I4_INLINE static inline
 #endif
 
-
 typedef struct {
   const float* A;        /* [M, K] */
   const float* ad;       /* SIMD paths: A per 32-chunk as [16 even k | 16 odd k], zero past K; [M, Kc] */
@@ -81,7 +80,6 @@ typedef struct {
   float* Y;
   int64_t M, N, K, Kc;   /* Kc: K rounded up to 32 (SIMD) */
   int64_t block, k_blocks, row_bytes, zp_row_bytes, rows_per_task;
-  int64_t chunk_max;     /* rows_of: the most rows run as GEMV chunks */
   int path;
   volatile int failed;
 } i4_job;
@@ -162,9 +160,23 @@ static void deinterleave_a(const float* A, const int64_t* src, int64_t M, int64_
   }
 }
 
-/* the job's A prepared for its M: the GEMV's layout up to gemv_max rows, else the panel kernel's */
-static void prepare_a(const i4_job* j, const int64_t* src, int64_t gemv_max, float* out) {
-  if (j->M <= gemv_max) deinterleave_a(j->A, src, j->M, j->K, j->Kc, out);
+/* the rows entry point runs up to I4_CHUNKED_GEMV_MAX_M activation rows as GEMVs of a few rows each (the weight
+ * decoded in registers once per chunk) rather than through the prefill panel, which decodes the weight to float32
+ * once per task (an expert's rows at prefill: about k T / E); the same bits either way. Chunks of balanced sizes, at
+ * most I4_CHUNK512 rows on AVX-512 at block 32 (measured, per activation row: 6 rows 0.77x the time of 4, 5 rows
+ * 0.82x), 4 otherwise. */
+#ifndef I4_CHUNK512
+#define I4_CHUNK512 6
+#endif
+#ifndef I4_CHUNKED_GEMV_MAX_M
+/* measured (dense [2048, 8192], g32 and g128, 1 thread): the chunks take 0.45-0.90x the panel's time at M = 5..16
+ * and 1.13-1.16x at M = 24 */
+#define I4_CHUNKED_GEMV_MAX_M 16
+#endif
+
+/* the job's A prepared for its M: the GEMV's layout up to I4_CHUNKED_GEMV_MAX_M rows, else the panel kernel's */
+static void prepare_a(const i4_job* j, const int64_t* src, float* out) {
+  if (j->M <= I4_CHUNKED_GEMV_MAX_M) deinterleave_a(j->A, src, j->M, j->K, j->Kc, out);
   else qo_i4_panel_pack_a(j->path, j->A, src, j->M, j->K, j->Kc, out);
 }
 
@@ -256,10 +268,11 @@ static void gemv_avx2_task(i4_job* j, int64_t n0, int64_t n1) {
   switch (j->M) {
     case 1:
       /* one row at a time: 4 rows' 16 accumulators alone fill AVX2's 16 registers (measured on a Xeon with
-       * QO_CPU_KERNELS=avx2, [2048, 8192] and [8192, 2048] g32, 1 thread, two runs: 1.76-1.83 ms against 1.84-2.01 for 4 rows) */
+       * QO_CPU_KERNELS=avx2, [2048, 8192] and [8192, 2048] g32, 1 thread, two runs: 1.76-1.83 ms against
+       * 1.84-2.01 for 4 rows) */
       for (; n < n1; ++n) gemv_avx2_rows(j, n, 1, 1);
       break;
-    case 2: /* also one row (2 x 2 tiles' 16 accumulators spilled: 2.19-2.30 ms against 2.48-2.66, same measure, two runs) */
+    case 2: /* also one row (2 x 2 tiles' 16 accumulators spilled: 2.19-2.30 ms against 2.48-2.66, as above) */
       for (; n < n1; ++n) gemv_avx2_rows(j, n, 1, 2);
       break;
     case 3:
@@ -546,21 +559,10 @@ static void run_rows(i4_job* j, int64_t n0, int64_t n1, int gemv) {
   portable_task(j, n0, n1);
 }
 
-/* the rows entry point runs up to I4_CHUNKED_GEMV_MAX_M activation rows as GEMVs of a few rows each (the weight
- * decoded in registers once per chunk) rather than decoding it to a float32 panel for a few rows (an expert's rows
- * at prefill: about k T / E); the same bits either way. Chunks of balanced sizes, at most I4_CHUNK512 rows on
- * AVX-512 at block 32 (measured, per activation row: 6 rows 0.77x the time of 4, 5 rows 0.82x), 4 otherwise. */
-#ifndef I4_CHUNK512
-#define I4_CHUNK512 6
-#endif
-#ifndef I4_CHUNKED_GEMV_MAX_M
-#define I4_CHUNKED_GEMV_MAX_M 16 /* measured (T = 128 and 512 tokens, top-8 of 128 experts [768, 2048]): chunks win to ~24 rows, the panel from ~32 */
-#endif
-
-/* rows [n0, n1) of the job: M <= 4 the GEMV; up to chunk_max rows (SIMD paths) the GEMV in chunks of a few
- * activation rows (the weight decoded in registers once per chunk), A in the GEMV's layout; above, the panel */
-static void rows_of(i4_job* j, int64_t n0, int64_t n1, int64_t chunk_max) {
-  if (j->M > I4_GEMV_MAX_M && j->M <= chunk_max && j->path != I4_PORTABLE) {
+/* rows [n0, n1) of the job: M <= 4 the GEMV; up to I4_CHUNKED_GEMV_MAX_M rows (SIMD paths) the GEMV in chunks of a
+ * few activation rows, A in the GEMV's layout; above, the panel */
+static void rows_of(i4_job* j, int64_t n0, int64_t n1) {
+  if (j->M > I4_GEMV_MAX_M && j->M <= I4_CHUNKED_GEMV_MAX_M && j->path != I4_PORTABLE) {
     const int64_t most = j->path == I4_AVX512 && j->block == 32 ? I4_CHUNK512 : I4_GEMV_MAX_M;
     const int64_t chunks = (j->M + most - 1) / most;
     const int64_t size = (j->M + chunks - 1) / chunks;
@@ -582,7 +584,7 @@ static void i4_task(void* data, size_t t) {
   i4_job* j = (i4_job*)data;
   const int64_t n0 = (int64_t)t * j->rows_per_task;
   const int64_t n1 = n0 + j->rows_per_task < j->N ? n0 + j->rows_per_task : j->N;
-  rows_of(j, n0, n1, j->chunk_max);
+  rows_of(j, n0, n1);
 }
 
 /* the job of one weight (no A yet); its path picked now */
@@ -618,7 +620,7 @@ void qo_cpu_int4_prepare_a(int path, const float* A, const int64_t* rows, int64_
                            float* prepared) {
   i4_job j = job_of(path, NULL, NULL, NULL, M, 0, K, block_size);
   j.A = A;
-  if (j.path != I4_PORTABLE) prepare_a(&j, rows, I4_CHUNKED_GEMV_MAX_M, prepared);
+  if (j.path != I4_PORTABLE) prepare_a(&j, rows, prepared);
 }
 
 int qo_cpu_int4_rows_f32(int path, const float* A, const float* prepared, int64_t M, int64_t N, int64_t K,
@@ -632,7 +634,7 @@ int qo_cpu_int4_rows_f32(int path, const float* A, const float* prepared, int64_
   j.A = A;
   j.ad = prepared;
   j.Y = Y;
-  rows_of(&j, n0, n1, I4_CHUNKED_GEMV_MAX_M);
+  rows_of(&j, n0, n1);
   return j.failed ? QO_ERR_ALLOC : QO_OK;
 }
 
@@ -644,9 +646,7 @@ int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* scales, co
   i4_job j = job_of(pick_path(block_size), B, scales, zero_points, M, N, K, block_size);
   j.A = A;
   j.Y = Y;
-  j.chunk_max = I4_CHUNKED_GEMV_MAX_M; /* measured (dense [2048, 8192], g32 and g128, 1 thread): chunks 0.45-0.83x the
-                                       * panel's time at M = 5..16, the same at 24, slower at 32 */
-  j.rows_per_task = M <= j.chunk_max ? I4_GEMV_ROWS : I4_PANEL_ROWS;
+  j.rows_per_task = M <= I4_CHUNKED_GEMV_MAX_M ? I4_GEMV_ROWS : I4_PANEL_ROWS;
   float* ad = NULL;
   const int64_t ad_floats = j.path == I4_PORTABLE ? 0 : M * j.Kc;
   if (ad_floats) {
@@ -655,9 +655,9 @@ int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* scales, co
     /* aligned (measured at M = 16 and 128, [2048, 8192] and [8192, 2048], g32, 1 thread: 2-12 % less time) */
     float* ad64 = qo_align64(ad);
     j.ad = ad64;
-    if (M <= j.chunk_max) {
-      prepare_a(&j, NULL, j.chunk_max, ad64);
-    } else { /* the panel's layout, tile by tile on the pool (K = 8192, M = 128: 0.45 ms of one thread) */
+    if (M <= I4_CHUNKED_GEMV_MAX_M) {
+      prepare_a(&j, NULL, ad64);
+    } else { /* the panel's layout, tile by tile on the pool (K = 8192, M = 128: about 0.45 ms of one thread) */
       const int status = qo_cpu_parallel_for(pack_tile_task, (size_t)qo_i4_panel_tiles(j.path, M), &j);
       if (status != QO_OK) {
         free(ad);

@@ -9,8 +9,8 @@
  * weight rows), then joins the tree: the leaves come in bit-reversed order (p = 0, 8, 4, 12, 2, ...), so a leaf is
  * added to the partial sums of its finished siblings at once, a stack of 4 levels in L1. Same additions, same
  * operands, so the same bits as the GEMV and the portable C path (IEEE addition and fma are commutative in the
- * operands that are swapped here). The K elements past K (zero padding of the last block) are skipped: their terms
- * are a = 0, which leaves a lane unchanged (lanes are never -0).
+ * operands that are swapped here). The elements past K (zero nibbles of the last block) run with a = 0 (A is packed
+ * with zeros there), which leaves a lane unchanged (lanes are never -0), as in the GEMV.
  *
  * Layouts (per task: a panel of 32 weight rows):
  *   A packed  per tile of MR rows, [j][i][m] (k = 32 i + j): the broadcasts of a chain are consecutive floats;
