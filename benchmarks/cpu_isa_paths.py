@@ -43,6 +43,15 @@ def weights(fmt: str, rng, n: int, k: int):
     if fmt == "bf16":
         bits = (rng.standard_normal((n, k)) * 0.05).astype(ml_dtypes.bfloat16).view(np.uint16)
         return (lambda a: native.matmul_bf16(a, bits)), bits.nbytes
+    if fmt.startswith("uint4g"):  # "uint4g32": the exact 4-bit form (MatMulUint4), "uint4g32a8": accuracy_level 4
+        bs = int(fmt[6:].removesuffix("a8"))
+        level = 4 if fmt.endswith("a8") else 1
+        kb = -(-k // bs)
+        packed = rng.integers(0, 256, (n, kb, bs // 2), dtype=np.uint8)
+        s = rng.uniform(1e-3, 2e-2, (n, kb)).astype(np.float32)
+        zp = rng.integers(0, 256, (n, (kb + 1) // 2), dtype=np.uint8)
+        return ((lambda a: native.matmul_int4(a, packed, s, zp, k, bs, level)),
+                packed.nbytes + s.nbytes + zp.nbytes)
     packed = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
     if fmt in ("mxfp4", "mxfp4a"):
         scales = rng.integers(118, 124, (n, k // 32), dtype=np.uint8)

@@ -7,7 +7,9 @@ count, all interleaved in one run (issue #22: the GEMVs must stream at least 50 
 
 Shapes are K x N (weight [N, K] as Quark stores it): 4096x14336 is an 8B gate/up projection, 14336x4096 its
 down projection. Format "mxfp4a": MXFP4 weights with A fake-quantized to the MXFP4 grid (a w_mxfp4_a_mxfp4 model's
-input: the block-integer path), "mxfp4": float A (weight-only MXFP4). Calls go straight to the C ABI (custom_ops/native.py; work split by OpenMP, the thread count set
+input: the block-integer path), "mxfp4": float A (weight-only MXFP4). "uint4g32" / "uint4g128": the exact 4-bit
+form (MatMulUint4, the cpu default for uint4 / int4), "uint4g32a8": the same weight at accuracy_level 4 (int8 A, the
+MatMulNBits level-4 arithmetic); their bytes include the float32 scales and the zero points. Calls go straight to the C ABI (custom_ops/native.py; work split by OpenMP, the thread count set
 per call by omp_set_num_threads), the path chosen per call by QO_CPU_KERNELS. --library adds another build of the
 library (e.g. one of an earlier commit), timed in the same rounds (rows "path@NAME"): before/after on the same load.
 Plain read: the C loop of benchmarks/custom_ops_cpu.py (a 256 MiB float32 buffer summed with 16 accumulators, larger
