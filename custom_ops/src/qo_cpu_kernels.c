@@ -42,6 +42,10 @@
 #include "qo_fp_formats.h"
 #include "qo_kernels.h"
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(QO_NO_CLONES) && \
     !defined(QO_PORTABLE_ONLY)
 #define QO_X86_AVX2 1
@@ -1769,11 +1773,47 @@ static QO_THREAD_LOCAL const qo_parallel_runner* tls_runner = NULL;
 
 void qo_cpu_set_parallel_runner(const qo_parallel_runner* runner) { tls_runner = runner; }
 
+/* Without ORT's pool (the C ABI called directly: benchmarks, tests; ORT 1.16): OpenMP threads, each claiming tasks
+ * from its own contiguous shard of [0, total) first and then from the others', as ORT's intra-op pool runs
+ * KernelContext_ParallelFor (onnxruntime/core/common/threadpool.cc: ParallelForFixedBlockSizeScheduling, LoopCounter
+ * and its home shards). Measured against schedule(dynamic, 1), which deals out neighbouring tasks to different
+ * threads, with every call on another copy of the weight (benchmarks/gemv_bandwidth.py, 4096 x 4096, 2 threads, wall,
+ * 2 runs, % of the plain read): uint4 g32 44-45 -> 48-50, NVFP4 33-34 -> 39-40, FP8 56-60 -> 63 (contiguous halves,
+ * no stealing). */
+static void qo_omp_for(qo_task_fn task, size_t total, void* data) {
+#if defined(_OPENMP) && (defined(__GNUC__) || defined(__clang__))
+  int shards = omp_get_max_threads();
+  if ((size_t)shards > total) shards = (int)total;
+  typedef struct {
+    int64_t next, end;
+    char pad[64 - 2 * sizeof(int64_t)]; /* one cache line each */
+  } shard_t;
+  shard_t* sh = shards > 1 ? (shard_t*)malloc(sizeof(shard_t) * (size_t)shards) : NULL;
+  if (sh) {
+    for (int s = 0; s < shards; ++s) {
+      sh[s].next = (int64_t)(total * (size_t)s / (size_t)shards);
+      sh[s].end = (int64_t)(total * (size_t)(s + 1) / (size_t)shards);
+    }
+#pragma omp parallel num_threads(shards)
+    {
+      const int me = omp_get_thread_num();
+      for (int i = 0; i < shards; ++i) { /* every thread visits every shard: all tasks run whatever the team size */
+        shard_t* h = &sh[(me + i) % shards];
+        for (int64_t t; (t = __atomic_fetch_add(&h->next, 1, __ATOMIC_RELAXED)) < h->end;) task(data, (size_t)t);
+      }
+    }
+    free(sh);
+    return;
+  }
+#endif
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < (int64_t)total; ++t) task(data, (size_t)t);
+}
+
 int qo_cpu_parallel_for(qo_task_fn task, size_t total, void* data) {
   const qo_parallel_runner* runner = tls_runner;
   if (runner) return runner->run(runner->context, task, total, data) != QO_OK ? QO_ERR_DEVICE : QO_OK;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t t = 0; t < (int64_t)total; ++t) task(data, (size_t)t);
+  qo_omp_for(task, total, data);
   return QO_OK;
 }
 
@@ -1806,8 +1846,7 @@ static int run_gemm(const float* A, int64_t M, int64_t N, int64_t K, const qo_we
   if (runner) {
     status = runner->run(runner->context, gemm_task, (size_t)tasks, &job) != QO_OK ? QO_ERR_DEVICE : QO_OK;
   } else {
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t t = 0; t < tasks; ++t) gemm_task(&job, (size_t)t);
+    qo_omp_for(gemm_task, (size_t)tasks, &job);
   }
   free(a_pack);
   free(mxi);
