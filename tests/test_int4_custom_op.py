@@ -44,9 +44,10 @@ def check_close(y, a, w):
 
 @pytest.mark.parametrize("bs", [32, 64, 128])
 @pytest.mark.parametrize("asym", [True, False])
-# M: the GEMV (<= 4), its chunks (5..16), the panel (> 16: 12-row AVX-512 and 6-row AVX2 tiles, 29 = 2 x 12 + 5
-# and 4 x 6 + 5 leave a remainder tile on both)
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 16, 29, 128])
+# M: the GEMV (<= 4), its chunks (5..16: AVX-512 block 32 runs 7 and 8 rows as one chunk where K <= 1024, 12 as
+# 6 + 6, 16 as 8 + 8), the panel (> 16: 12-row AVX-512 and 6-row AVX2 tiles, 29 = 2 x 12 + 5 and 4 x 6 + 5 leave a
+# remainder tile on both)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 8, 12, 16, 29, 128])
 def test_int4_matches_numpy(bs, asym, m):
     rng = np.random.default_rng(bs * 7 + m + asym)
     n, k = 37, 3 * bs + 40 if bs > 32 else 200  # K and N not multiples of any tile; K padded to the block
@@ -70,6 +71,25 @@ def test_int4_matches_numpy(bs, asym, m):
     # a row's result does not depend on M (GEMV up to 16 rows, the panel above)
     y1 = native.matmul_int4(a[:1], b, s, zp, k, bs)
     np.testing.assert_array_equal(y[:1].view(np.uint32), y1.view(np.uint32))
+
+
+@pytest.mark.parametrize("m", [7, 8, 16])
+def test_int4_chunks_past_the_8_row_limit(m):
+    """K > 1024 at block 32: the GEMV chunks stay at 6 rows on AVX-512 (8 rows' activations would leave L1); the same
+    bits as the portable path and as M = 1."""
+    rng = np.random.default_rng(m)
+    n, k, bs = 21, 1100, 32
+    b, s, zp, w = make_case(rng, n, k, bs, True)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    y = native.matmul_int4(a, b, s, zp, k, bs)
+    check_close(y, a, w)
+    os.environ["QO_CPU_KERNELS"] = "portable"
+    try:
+        y_portable = native.matmul_int4(a, b, s, zp, k, bs)
+    finally:
+        del os.environ["QO_CPU_KERNELS"]
+    np.testing.assert_array_equal(y.view(np.uint32), y_portable.view(np.uint32))
+    np.testing.assert_array_equal(y[2:3].view(np.uint32), native.matmul_int4(a[2:3], b, s, zp, k, bs).view(np.uint32))
 
 
 @pytest.mark.parametrize("bs", [16, 32, 128])

@@ -164,9 +164,15 @@ static void deinterleave_a(const float* A, const int64_t* src, int64_t M, int64_
  * decoded in registers once per chunk) rather than through the prefill panel, which decodes the weight to float32
  * once per task (an expert's rows at prefill: about k T / E); the same bits either way. Chunks of balanced sizes, at
  * most I4_CHUNK512 rows on AVX-512 at block 32 (measured, per activation row: 6 rows 0.77x the time of 4, 5 rows
- * 0.82x), 4 otherwise. */
+ * 0.82x), 4 otherwise; up to 8 rows (one weight row at a time) where the chunk's activations fit in 32 KB (K <=
+ * I4_CHUNK8_KC): measured with benchmarks/int4_kernel.py, 1 thread, g32, [768, 2048] (an expert's down projection):
+ * M = 7 0.251 -> 0.216 ms, M = 8 0.278 -> 0.236, M = 16 0.523 -> 0.480; at [2048, 1536] the 64 KB of 8 activation
+ * rows do not stay in L1: M = 8 0.516 -> 0.570, M = 16 0.987 -> 1.138 (so 6 there). */
 #ifndef I4_CHUNK512
 #define I4_CHUNK512 6
+#endif
+#ifndef I4_CHUNK8_KC
+#define I4_CHUNK8_KC 1024
 #endif
 #ifndef I4_CHUNKED_GEMV_MAX_M
 /* measured (dense [2048, 8192], g32 and g128, 1 thread): the chunks take 0.45-0.90x the panel's time at M = 5..16
@@ -319,7 +325,7 @@ I4_INLINE __m512 group_table_z(unsigned z, const float* s) {
  * first_decode = 0: the activations of the group loaded once, then row by row decoded and multiplied (MM <= 4);
  * 1: the R rows' weights decoded first, then activation row by activation row (MM 5, 6: 2 MM R accumulators, 2 R
  * weights, 2 activations in registers). The additions are the same either way. */
-I4_INLINE void g32_group(__m512 acc[8][6][2], const uint8_t* p, int64_t rb, const uint8_t* zp, int64_t zb,
+I4_INLINE void g32_group(__m512 acc[8][8][2], const uint8_t* p, int64_t rb, const uint8_t* zp, int64_t zb,
                          int64_t zb_off, const float* sc, int64_t kb, int64_t b, const float* a, int64_t Kc, int64_t off,
                          const int half, const int R, const int MM, const int first_decode) {
   __m512 t[8];
@@ -364,7 +370,7 @@ I4_INLINE void g32_group(__m512 acc[8][6][2], const uint8_t* p, int64_t rb, cons
  * row_bytes), one software prefetch per row per 64 bytes. Measured against the per-group loop kept below for other
  * blocks (Xeon, 1 thread, [768, 2048], L2-resident): 1.25x at M = 4, 1.6x at M = 6. */
 I4_INLINE void gemv512_g32(const i4_job* j, int64_t n, const int R, const int MM, const int first_decode) {
-  __m512 acc[8][6][2];
+  __m512 acc[8][8][2];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MM; ++m) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
   const int64_t kb = j->k_blocks, Kc = j->Kc, rb = j->row_bytes, zb = j->zp_row_bytes;
@@ -488,7 +494,9 @@ static void gemv_avx512_task(i4_job* j, int64_t n0, int64_t n1) {
       case 3: I4_GEMV512(2, 3, 0); return;
       case 4: I4_GEMV512(2, 4, 0); return;
       case 5: I4_GEMV512(2, 5, 1); return;
-      default: I4_GEMV512(2, 6, 1); return;
+      case 6: I4_GEMV512(2, 6, 1); return;
+      case 7: I4_GEMV512(1, 7, 1); return;
+      default: I4_GEMV512(1, 8, 1); return;
     }
   }
   switch (j->M) {
@@ -559,7 +567,8 @@ static void run_rows(i4_job* j, int64_t n0, int64_t n1, int gemv) {
  * few activation rows, A in the GEMV's layout; above, the panel */
 static void rows_of(i4_job* j, int64_t n0, int64_t n1) {
   if (j->M > I4_GEMV_MAX_M && j->M <= I4_CHUNKED_GEMV_MAX_M && j->path != I4_PORTABLE) {
-    const int64_t most = j->path == I4_AVX512 && j->block == 32 ? I4_CHUNK512 : I4_GEMV_MAX_M;
+    const int64_t most = j->path != I4_AVX512 || j->block != 32 ? I4_GEMV_MAX_M
+                         : j->Kc <= I4_CHUNK8_KC ? 8 : I4_CHUNK512;
     const int64_t chunks = (j->M + most - 1) / most;
     const int64_t size = (j->M + chunks - 1) / chunks;
     for (int64_t m0 = 0; m0 < j->M && n0 < n1; m0 += size) {
