@@ -42,6 +42,15 @@ def check_close(y, a, w):
     assert np.all(np.abs(y.astype(np.float64) - exact) <= bound + 1e-30)
 
 
+def on_path(path, call):
+    """call() with the CPU kernels forced to path (QO_CPU_KERNELS)."""
+    os.environ["QO_CPU_KERNELS"] = path
+    try:
+        return call()
+    finally:
+        del os.environ["QO_CPU_KERNELS"]
+
+
 @pytest.mark.parametrize("bs", [32, 64, 128])
 @pytest.mark.parametrize("asym", [True, False])
 # M: the GEMV (<= 4), its chunks (5..16: AVX-512 block 32 runs 7 and 8 rows as one chunk where K <= 1024, 12 as
@@ -55,19 +64,10 @@ def test_int4_matches_numpy(bs, asym, m):
     a = rng.standard_normal((m, k)).astype(np.float32)
     y = native.matmul_int4(a, b, s, zp, k, bs)
     check_close(y, a, w)
-    # the portable C path gives the same bits
-    os.environ["QO_CPU_KERNELS"] = "portable"
-    try:
-        y_portable = native.matmul_int4(a, b, s, zp, k, bs)
-    finally:
-        del os.environ["QO_CPU_KERNELS"]
-    np.testing.assert_array_equal(y.view(np.uint32), y_portable.view(np.uint32))
-    os.environ["QO_CPU_KERNELS"] = "avx2"
-    try:
-        y_avx2 = native.matmul_int4(a, b, s, zp, k, bs)
-    finally:
-        del os.environ["QO_CPU_KERNELS"]
-    np.testing.assert_array_equal(y.view(np.uint32), y_avx2.view(np.uint32))
+    # the portable C and AVX2 paths give the same bits
+    for path in ("portable", "avx2"):
+        y_path = on_path(path, lambda: native.matmul_int4(a, b, s, zp, k, bs))
+        np.testing.assert_array_equal(y.view(np.uint32), y_path.view(np.uint32), err_msg=path)
     # a row's result does not depend on M (GEMV up to 16 rows, the panel above)
     y1 = native.matmul_int4(a[:1], b, s, zp, k, bs)
     np.testing.assert_array_equal(y[:1].view(np.uint32), y1.view(np.uint32))
@@ -83,11 +83,7 @@ def test_int4_chunks_past_the_8_row_limit(m):
     a = rng.standard_normal((m, k)).astype(np.float32)
     y = native.matmul_int4(a, b, s, zp, k, bs)
     check_close(y, a, w)
-    os.environ["QO_CPU_KERNELS"] = "portable"
-    try:
-        y_portable = native.matmul_int4(a, b, s, zp, k, bs)
-    finally:
-        del os.environ["QO_CPU_KERNELS"]
+    y_portable = on_path("portable", lambda: native.matmul_int4(a, b, s, zp, k, bs))
     np.testing.assert_array_equal(y.view(np.uint32), y_portable.view(np.uint32))
     np.testing.assert_array_equal(y[2:3].view(np.uint32), native.matmul_int4(a[2:3], b, s, zp, k, bs).view(np.uint32))
 
