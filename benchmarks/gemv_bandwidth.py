@@ -18,7 +18,9 @@ than the L3: an Intel Xeon guest that reports a 480 MiB L3 reads 32 MiB at 29 GB
 (shape, format) at each thread count; best of --rounds. Each call reads another copy of the weight (as many copies
 as make 256 MiB, used in turn), so that every call streams its weight from memory, as a decode step does: with one
 copy, the weight of one call stayed in the L3 for the next (timed back to back, later forms read it at L3 speed; the
-read between rounds did not evict it either); best of --rounds.
+read between rounds did not evict it either); best of --rounds. The first form of a round still runs right after the read:
+the same build measured 3-8 % slower there than as a later form (AVX2 FP4, 8 pairs, 2026-12-05); to compare builds, give
+both with --library so that neither is first.
 Time: 1 thread by the calling thread's CPU time (not charged for the time other processes hold the core: the
 load-robust figure on a shared machine). 2 threads: "cpu" = the process's CPU time / threads (OMP_WAIT_POLICY=
 passive, so no spinning is counted: what the threads cost when both run at once, memory contention included, but

@@ -121,9 +121,9 @@ def _has_fusable(plan) -> bool:
 
 OPTIONS: dict[str, Option] = {
     "accuracy_level": Option(choice("0", "1", "2", "3", "4", convert=int), _has_matmul_nbits,
-                             "MatMulNBits accuracy_level (CPU default 4; 1 for fp32-exact results). On cpu the 4-bit "
-                             "linears default to the exact com.quark_onnx MatMulUint4/Int4; a level other than 1 "
-                             "gives them MatMulNBits at that level"),
+                             "MatMulNBits accuracy_level (cpu default 4; 1 for fp32-exact results). With the custom-op "
+                             "library cpu 4-bit weights default to the exact MatMulUint4/Int4 and experts at level 1; "
+                             "an explicit level other than 1 gives MatMulNBits and int8-activation experts"),
     "kv_cache": Option(choice("auto", "emulate", "off", "native"), _has_kv,
                        "FP8 KV cache (k_proj/v_proj.output_scale): auto|emulate|off|native"),
     "fp8_attention": Option(choice("auto", "off"), _has_fp8_attention, "FP8 attention subgraph: auto|off"),
@@ -158,8 +158,8 @@ OPTIONS: dict[str, Option] = {
                   "dense"),
     "int4_experts": Option(_choices_of(("builder.ops.moe", "INT4_EXPERTS_FORMS")), _has_moe,
                            "cpu routed 4-bit integer experts: compact (default with the custom-op library: "
-                           "com.quark_onnx MatMulExpertsUint4/Int4, the stacked bytes read in place, at "
-                           "accuracy_level 1 (the default) exact, at an explicit 4 int8 activations as QMoE's) | qmoe (com.microsoft QMoE, "
+                           "com.quark_onnx MatMulExpertsUint4/Int4, the stacked bytes read in place; exact, or int8 "
+                           "activations as QMoE's at an explicit accuracy_level=4) | qmoe (com.microsoft QMoE, "
                            "pre-packed at session creation; default without the library)"),
     "mla_cache": Option(_choices_of(("builder.ops.mla_attention", "MLA_CACHE_FORMS")), _has_mla,
                         "DeepSeek MLA cache: materialized (per-head K/V in GroupQueryAttention) | latent (MLA's "

@@ -39,7 +39,7 @@ SOURCE_DIR = PACKAGE_DIR / "src"
 BUILD_DIR = PACKAGE_DIR / "build" / "cpu"
 LIBRARY_NAME = "quark_onnx_ops"
 CPU_SOURCES = ("qo_cpu_kernels.c", "qo_cpu_experts.c", "qo_cpu_int4.c", "qo_cpu_int4_panel.c", "qo_cpu_int4_a8.c", "qo_cpu_int8_w8a8.c", "qo_version.c")
-HEADERS = ("qo_fp_formats.h", "qo_kernels.h", "qo_cpu_simd.h")
+HEADERS = ("qo_fp_formats.h", "qo_kernels.h", "qo_cpu_simd.h", "qo_cpu_int4_panel.h")
 ABI_VERSION = 1
 MXFP4_BLOCK_SIZE = 32
 

@@ -59,12 +59,6 @@
 #define I4_PREFETCH512 4096 /* the same for the block-32 AVX-512 GEMV (measured, M = 1 from L3 / DRAM: 1.15x 1024) */
 #endif
 
-#if defined(_MSC_VER)
-#define I4_TLS __declspec(thread)
-#else
-#define I4_TLS __thread
-#endif
-
 #if defined(__GNUC__) || defined(__clang__)
 #define I4_INLINE static inline __attribute__((always_inline))
 #else
@@ -113,22 +107,12 @@ static inline float fold32(const float* l) {
 }
 
 /* ---------------- portable C ---------------- */
-static I4_TLS float* tls_buf = NULL;
-static I4_TLS size_t tls_buf_floats = 0;
-
-static float* tls_grow(size_t want) {
-  if (tls_buf_floats < want) {
-    float* grown = (float*)realloc(tls_buf, sizeof(float) * want + 128);
-    if (!grown) return NULL;
-    tls_buf = grown;
-    tls_buf_floats = want;
-  }
-  return tls_buf;
-}
+static QO_THREAD_LOCAL float* tls_buf = NULL;
+static QO_THREAD_LOCAL size_t tls_buf_floats = 0;
 
 static void portable_task(i4_job* j, int64_t n0, int64_t n1) {
   const int64_t Kp = j->k_blocks * j->block; /* every element of the stored blocks (a = 0 past K) */
-  float* w = tls_grow((size_t)Kp);
+  float* w = qo_tls_grow(&tls_buf, &tls_buf_floats, (size_t)Kp);
   if (!w) {
     j->failed = 1;
     return;
@@ -202,12 +186,7 @@ static void panel_task(i4_job* j, int64_t n0, int64_t n1) {
 
 #if QO_I4_X86
 /* ================= AVX2 + FMA ================= */
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+QO_TARGET_BEGIN("avx2,fma")
 
 /* the fold on vectors (lane for lane the same additions as fold32) */
 static inline __m128 fold8_avx2(__m256 x) { /* x[p] (p < 8) -> x[0..3] + x[4..7] -> ... -> lane 0 */
@@ -287,20 +266,10 @@ static void gemv_avx2_task(i4_job* j, int64_t n0, int64_t n1) {
   }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+QO_TARGET_END
 
 /* ================= AVX-512 (F + BW + VL + DQ) ================= */
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
-#endif
+QO_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
 
 static inline float fold_avx512(__m512 e, __m512 o) {
   const __m256 e8 = _mm256_add_ps(_mm512_castps512_ps256(e), _mm512_extractf32x8_ps(e, 1));
@@ -521,11 +490,7 @@ static void gemv_avx512_task(i4_job* j, int64_t n0, int64_t n1) {
   }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+QO_TARGET_END
 #endif /* QO_I4_X86 */
 
 /* ---------------- dispatch ---------------- */

@@ -35,10 +35,8 @@
 #endif
 
 #if defined(_MSC_VER)
-#define P_TLS __declspec(thread)
 #define P_INLINE static inline
 #else
-#define P_TLS __thread
 #define P_INLINE static inline __attribute__((always_inline))
 #endif
 
@@ -74,18 +72,8 @@ void qo_i4_panel_pack_a(int path, const float* A, const int64_t* src, int64_t M,
 }
 
 #if QO_P_X86
-static P_TLS float* tls_panel = NULL;
-static P_TLS size_t tls_panel_floats = 0;
-
-static float* panel_buffer(size_t want) {
-  if (tls_panel_floats < want) {
-    float* grown = (float*)realloc(tls_panel, sizeof(float) * want + 64);
-    if (!grown) return NULL;
-    tls_panel = grown;
-    tls_panel_floats = want;
-  }
-  return (float*)qo_align64(tls_panel);
-}
+static QO_THREAD_LOCAL float* tls_panel = NULL;
+static QO_THREAD_LOCAL size_t tls_panel_floats = 0;
 
 /* the leaves of the fold in the order its tree joins them: 4-bit bit reversal */
 static const int p_leaf[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
@@ -130,12 +118,7 @@ static void group_lanes(const i4_weight* w, int64_t n0, int64_t n_end, int64_t b
   }
 }
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+QO_TARGET_BEGIN("avx2,fma")
 
 /* x[r] = 16 bytes of row r -> x[c] = byte c of the 16 rows (row r in byte r) */
 P_INLINE void transpose16x16(__m128i x[16]) {
@@ -263,19 +246,9 @@ static void panel_avx2(const i4_weight* w, const float* pa, int64_t M, int64_t n
     }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+QO_TARGET_END
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
-#endif
+QO_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
 
 static void decode_panel_avx512(const i4_weight* w, int64_t n0, int64_t nv, float* out) {
   const int64_t I = w->Kc / 32;
@@ -366,18 +339,15 @@ static void panel_avx512(const i4_weight* w, const float* pa, int64_t M, int64_t
   }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+QO_TARGET_END
 #endif /* QO_P_X86 */
 
 int qo_i4_panel_rows(int path, const i4_weight* w, const float* packed_a, int64_t M, int64_t n0, int64_t n1,
                      float* Y, int64_t ldy) {
 #if QO_P_X86
-  float* wbuf = panel_buffer((size_t)(w->Kc * I4_PANEL_N));
+  float* wbuf = qo_tls_grow(&tls_panel, &tls_panel_floats, (size_t)(w->Kc * I4_PANEL_N));
   if (!wbuf) return QO_ERR_ALLOC;
+  wbuf = (float*)qo_align64(wbuf);
   for (int64_t n = n0; n < n1; n += I4_PANEL_N) {
     const int64_t nv = n1 - n < I4_PANEL_N ? n1 - n : I4_PANEL_N;
     if (path == I4_AVX512) panel_avx512(w, packed_a, M, n, nv, wbuf, Y, ldy);

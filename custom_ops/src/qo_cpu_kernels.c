@@ -42,8 +42,11 @@
 #include "qo_fp_formats.h"
 #include "qo_kernels.h"
 
-#if defined(_OPENMP)
+#if defined(_OPENMP) && defined(__has_include)
+#if __has_include(<omp.h>)
 #include <omp.h>
+#define QO_HAVE_OMP_H 1
+#endif
 #endif
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(QO_NO_CLONES) && \
@@ -82,11 +85,6 @@ static inline int64_t qo_pf_ahead(int64_t offset, int64_t row_bytes, int rows) {
 #define QO_PANEL_MB 64        /* activation rows per pass over a panel (bounds the partial-sum buffer) */
 #endif
 
-#if defined(_MSC_VER)
-#define QO_THREAD_LOCAL __declspec(thread)
-#else
-#define QO_THREAD_LOCAL __thread
-#endif
 
 #if defined(__GNUC__) || defined(__clang__)
 #define QO_INLINE static inline __attribute__((always_inline))
@@ -129,44 +127,40 @@ static void fp8_value_table(void) {
   qo_fp8_value_ready = 1; /* benign race: every thread writes the same values */
 }
 
-/* MXFP4 / NVFP4 value tables of the AVX512_VBMI GEMV: lut[16 * c + i] = (float)(2 * e2m1 of code i) *
- * half_scale[c], the very float32 products the other paths compute per element, built once per thread and weight
- * kind (fmt, lut_key) instead of two multiplications per block and row in the loop. */
-static QO_THREAD_LOCAL float tls_fp4_lut[256 * 16]; /* read with unaligned loads: no TLS alignment assumed */
-static QO_THREAD_LOCAL int tls_fp4_lut_fmt = -1;
-static QO_THREAD_LOCAL uint32_t tls_fp4_lut_key = 0;
+/* MXFP4 / NVFP4 value tables of the GEMVs, built once per thread and weight kind (fmt, lut_key) instead of two
+ * multiplications per block and row in the loop:
+ *   v16 (AVX512_VBMI): v16[16 * c + i] = (float)(2 * e2m1 of code i) * half_scale[c], the very float32 products the
+ *       other paths compute per element;
+ *   v8 (AVX2): the bits of v8[8 * c + m] are those of v16[16 * c + m] (m < 8: the non-negative codes) XOR (m << 28).
+ *       The AVX2 GEMV looks a code up by its low 3 bits (vpermps) and XORs in the code shifted left by 28: bits
+ *       28..30 (m again) cancel, bit 31 is the code's sign bit, so the result is the value of code m with the code's
+ *       sign: the very float32 the multiplication gives (the product of -(2 * e2m1) is the negated product; code 8,
+ *       -0, gives -0 instead of +0, which leaves every sum unchanged: an accumulator starts at +0 and is never -0).
+ *       Only a NaN block scale differs: a negative code gives the NaN with its sign bit flipped (NaN either way).
+ * No TLS alignment is assumed: v16 is read with unaligned loads, v8 is 32-byte aligned by hand (fp4_v8). */
+typedef struct {
+  float v16[256 * 16];
+  uint32_t v8_mem[256 * 8 + 8];
+  int fmt;
+  uint32_t key;
+} qo_fp4_tables;
+static QO_THREAD_LOCAL qo_fp4_tables tls_fp4 = {.fmt = -1};
 
-static __attribute__((noinline)) const float* fp4_lut(const qo_weight* w) {
-  if (tls_fp4_lut_fmt != w->fmt || tls_fp4_lut_key != w->lut_key) {
+QO_INLINE uint32_t* fp4_v8(qo_fp4_tables* t) { return (uint32_t*)(((uintptr_t)t->v8_mem + 31) & ~(uintptr_t)31); }
+
+static __attribute__((noinline)) qo_fp4_tables* fp4_tables(const qo_weight* w) {
+  qo_fp4_tables* t = &tls_fp4;
+  if (t->fmt != w->fmt || t->key != w->lut_key) {
+    uint32_t* v8 = fp4_v8(t);
     for (int c = 0; c < 256; ++c)
-      for (int i = 0; i < 16; ++i) tls_fp4_lut[16 * c + i] = (float)QO_E2M1_X2[i] * w->half_scale[c];
-    tls_fp4_lut_fmt = w->fmt;
-    tls_fp4_lut_key = w->lut_key;
+      for (int i = 0; i < 16; ++i) {
+        t->v16[16 * c + i] = (float)QO_E2M1_X2[i] * w->half_scale[c];
+        if (i < 8) v8[8 * c + i] = qo_f32_to_bits(t->v16[16 * c + i]) ^ ((uint32_t)i << 28);
+      }
+    t->fmt = w->fmt;
+    t->key = w->lut_key;
   }
-  return tls_fp4_lut;
-}
-
-/* MXFP4 / NVFP4 value tables of the AVX2 GEMV: the bits of lut8[8 * c + m] are those of (float)(2 * e2m1 of code m) *
- * half_scale[c] (m < 8: the non-negative codes) XOR (m << 28). The GEMV looks a code up by its low 3 bits (vpermps)
- * and XORs in the code shifted left by 28: bits 28..30 (m again) cancel, bit 31 is the code's sign bit, so the
- * result is the value of code m with the code's sign: the very float32 the multiplication gives (the product of
- * -(2 * e2m1) is the negated product; code 8, -0, gives -0 instead of +0, which leaves every sum unchanged: an
- * accumulator starts at +0 and is never -0). Only a NaN block scale differs: a negative code gives the NaN with its
- * sign bit flipped (the output is NaN either way). */
-static QO_THREAD_LOCAL uint32_t tls_fp4_lut8_mem[256 * 8 + 8]; /* no TLS alignment assumed: 32-byte aligned by hand */
-static QO_THREAD_LOCAL int tls_fp4_lut8_fmt = -1;
-static QO_THREAD_LOCAL uint32_t tls_fp4_lut8_key = 0;
-
-static __attribute__((noinline)) const uint32_t* fp4_lut8(const qo_weight* w) {
-  uint32_t* lut = (uint32_t*)(((uintptr_t)tls_fp4_lut8_mem + 31) & ~(uintptr_t)31);
-  if (tls_fp4_lut8_fmt != w->fmt || tls_fp4_lut8_key != w->lut_key) {
-    for (int c = 0; c < 256; ++c)
-      for (int m = 0; m < 8; ++m)
-        lut[8 * c + m] = qo_f32_to_bits((float)QO_E2M1_X2[m] * w->half_scale[c]) ^ ((uint32_t)m << 28);
-    tls_fp4_lut8_fmt = w->fmt;
-    tls_fp4_lut8_key = w->lut_key;
-  }
-  return lut;
+  return t;
 }
 
 /* Exact float32 value of weight element (n, k). */
@@ -219,28 +213,17 @@ static inline float out_scale(const qo_job* job, int64_t m, int64_t n) {
   return rs * cs;
 }
 
-/* ---------------- thread-local buffers (kept between calls: a fresh malloc per task is an mmap whose page
- * faults cost more than the work; released at process exit) ---------------- */
+/* ---------------- thread-local buffers (qo_tls_grow) ---------------- */
 static QO_THREAD_LOCAL float* tls_panel = NULL;
 static QO_THREAD_LOCAL size_t tls_panel_floats = 0;
 static QO_THREAD_LOCAL float* tls_part = NULL;
 static QO_THREAD_LOCAL size_t tls_part_floats = 0;
 
-static float* tls_grow(float** buffer, size_t* have, size_t want) {
-  if (*have < want) {
-    float* grown = (float*)realloc(*buffer, sizeof(float) * want + 64);
-    if (!grown) return NULL;
-    *buffer = grown;
-    *have = want;
-  }
-  return *buffer;
-}
-
 /* ---------------- portable C path ---------------- */
 static void portable_task(qo_job* job, int64_t n0, int64_t n1) {
   const int64_t K = job->K, K8 = K & ~(int64_t)(QO_LANES - 1);
   const int t = (int)(K - K8);
-  float* wrow = tls_grow(&tls_panel, &tls_panel_floats, (size_t)K);
+  float* wrow = qo_tls_grow(&tls_panel, &tls_panel_floats, (size_t)K);
   if (!wrow) {
     job->failed = 1;
     return;
@@ -430,12 +413,7 @@ static float mxi_dot_portable(const qo_mxi_chunk* ch, const uint8_t* row, const 
 
 /* ---------------- AVX2 + FMA path (x86-64, picked at run time) ---------------- */
 #if QO_X86_AVX2
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+QO_TARGET_BEGIN("avx2,fma,f16c")
 
 /* e4m3fn, two exact routes:
  *  - fast, for 32 codes at a time when all are normal (magnitude 8..0x7E): sign to bit 31, the 7 magnitude bits
@@ -531,10 +509,10 @@ QO_INLINE void avx_dec32(const int fmt, const qo_weight* w, const uint8_t* row, 
   for (int i = 0; i < 4; ++i) out[i] = avx_dec8(fmt, w, row, srow, k + 8 * i);
 }
 
-/* MXFP4 / NVFP4 elements k..k+31 (k % 32 == 0) of one row for the AVX2 GEMV, by the tables of fp4_lut8: per 8
+/* MXFP4 / NVFP4 elements k..k+31 (k % 32 == 0) of one row for the AVX2 GEMV, by the v8 tables of fp4_tables: per 8
  * elements one broadcast of their 4 bytes, a variable shift that leaves element L's code in the low bits of lane L,
  * one vpermps of the block's table and one XOR: 5 vector operations with the FMA, against 6.25 for the conversion
- * and multiplication of avx_dec32. The same values (see fp4_lut8). */
+ * and multiplication of avx_dec32. The same values (see fp4_tables). */
 QO_INLINE void avx_dec32_fp4(const int fmt, const uint32_t* lut8, const uint8_t* row, const uint8_t* srow, int64_t k,
                              __m256 out[4]) {
   const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
@@ -571,7 +549,7 @@ QO_INLINE void avx_gemv_tile(const int fmt, const int mr, const int nr, qo_job* 
     srows[r] = w->scales ? w->scales + (n + r) * w->scales_per_row : NULL;
     for (int i = 0; i < mr; ++i) acc[i][r] = _mm256_setzero_ps();
   }
-  const uint32_t* lut8 = fmt == QO_W_MXFP4 || fmt == QO_W_NVFP4 ? fp4_lut8(w) : NULL;
+  const uint32_t* lut8 = fmt == QO_W_MXFP4 || fmt == QO_W_NVFP4 ? fp4_v8(fp4_tables(w)) : NULL;
   int64_t k = 0;
   for (; k + 32 <= K8; k += 32) {
     if (QO_GEMV_PF && (qo_row_offset(fmt, k) & 63) == 0)
@@ -764,11 +742,7 @@ static void avx_mxi_tiles(int mr, int nr, const qo_mxi_chunk* const* x, const ui
   }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+QO_TARGET_END
 
 /* ---------------- AVX-512 path (F + BW + VL + DQ; x86-64, picked at run time) ----------------
  * The same lanes and the same order as above, twice as wide: one zmm holds the 8-lane accumulators of TWO outputs
@@ -782,13 +756,7 @@ static void avx_mxi_tiles(int mr, int nr, const qo_mxi_chunk* const* x, const ui
  *     weight rows (24 zmm accumulators) over the AVX2 path's decoded panels and partial-sum layout.
  * The 16-wide format decodes (qoz_fp8x16, qoz_int8x16, qoz_bf16x16, qoz_join) live in qo_cpu_simd.h for other
  * kernel files. */
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
-#endif
+QO_TARGET_BEGIN("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
 
 /* FP8 elements k..k+31 of rows a (low halves) and b (high halves), out[s] = elements k+8s..k+8s+7 of both: the
  * integer route of qoz_fp8x16 (sign to bit 31, magnitude to bits 20..26, + 120 on the float32 exponent; no multiply,
@@ -858,7 +826,7 @@ QO_INLINE void qoz_dec32_pair(const int fmt, const qo_weight* w, const uint8_t* 
  * packed bytes are loaded as one ymm (a, then b: the insert from memory is no shuffle), one vpermb puts into byte s
  * of dword L the byte holding the nibble of step s (element 8s + L % 8 of row L / 8); the odd lanes (high nibbles)
  * shift right by 4, one vpternlogd keeps the nibble and sets bit 4 for row b; then per step s vpermt2ps on bits 0..4
- * of (that >> 8s) looks the value up in the two rows' 16-entry tables 2 * e2m1 * half block scale (fp4_lut: the
+ * of (that >> 8s) looks the value up in the two rows' 16-entry tables 2 * e2m1 * half block scale (fp4_tables v16: the
  * products the other paths compute per element, the same float32 multiplications). */
 static const uint8_t QOZ_FP4_IDX[64] = { /* byte s of dword L: byte 4s + (L % 8) / 2 of row L / 8 (b at 16) */
 #define QOZ_L(s, L) (uint8_t)(((L) / 8) * 16 + 4 * (s) + ((L) % 8) / 2)
@@ -1123,7 +1091,7 @@ QO_INLINE void qoz_gemv_any(const int fmt, const int mr, const int np, qo_job* j
 
 QO_INLINE void qoz_gemv_rows(const int fmt, qo_job* job, int64_t n0, int64_t n1, const int vbmi) {
   int64_t n = n0;
-  const float* lut = vbmi && (fmt == QO_W_MXFP4 || fmt == QO_W_NVFP4) ? fp4_lut(job->w) : NULL;
+  const float* lut = vbmi && (fmt == QO_W_MXFP4 || fmt == QO_W_NVFP4) ? fp4_tables(job->w)->v16 : NULL;
   switch (job->M) {
     case 1:
       for (; n + 8 <= n1; n += 8) qoz_gemv_any(fmt, 1, 4, job, n, vbmi, lut);
@@ -1469,26 +1437,17 @@ static QOZ_VNNI __attribute__((flatten)) void qoz_mxi_tiles_vnni(int mr, int nr,
 }
 #undef QOZ_MXI_TILES
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+QO_TARGET_END
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+QO_TARGET_BEGIN("avx2,fma,f16c")
 
 
 static void avx_panel_task(qo_job* job, int64_t n0, int64_t n1) {
   const int64_t K = job->K, K8 = K & ~(int64_t)(QO_LANES - 1), steps = K8 / QO_LANES, M = job->M, N = job->N;
   const int64_t rows = n1 - n0, ntiles = (rows + 2) / 3;
   const int t = (int)(K - K8);
-  float* panel = tls_grow(&tls_panel, &tls_panel_floats, (size_t)(ntiles * steps * 24 + 3 * ntiles * QO_LANES + 16));
-  float* part = tls_grow(&tls_part, &tls_part_floats, (size_t)(QO_PANEL_MB / 4 * ntiles * 96 + 16));
+  float* panel = qo_tls_grow(&tls_panel, &tls_panel_floats, (size_t)(ntiles * steps * 24 + 3 * ntiles * QO_LANES + 16));
+  float* part = qo_tls_grow(&tls_part, &tls_part_floats, (size_t)(QO_PANEL_MB / 4 * ntiles * 96 + 16));
   if (!panel || !part) {
     job->failed = 1;
     return;
@@ -1550,11 +1509,7 @@ static void pack_a(const float* A, int64_t M, int64_t K, float* out) {
     }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+QO_TARGET_END
 #endif /* QO_X86_AVX2 */
 
 /* ---------------- dispatch and the parallel loop ---------------- */
@@ -1653,7 +1608,7 @@ static void mxi_rows(qo_job* job, int64_t n0, int64_t n1) {
     if (isa == QO_ISA_AVX512 && M > QO_MXI_PANEL_MIN_M) { /* prefill: 16-row panels (qoz_mxi_panel_row) */
       const int64_t C = mxi_chunks(K);
       const size_t panel_floats = (size_t)(4 * C) * sizeof(qo_mxi_pblock) / sizeof(float);
-      float* buffer = tls_grow(&tls_mxi_panel, &tls_mxi_panel_floats, panel_floats + 256 * QO_MXI_PANEL_MB);
+      float* buffer = qo_tls_grow(&tls_mxi_panel, &tls_mxi_panel_floats, panel_floats + 256 * QO_MXI_PANEL_MB);
       qo_mxi_pblock* panel = (qo_mxi_pblock*)buffer;
       float* part = buffer + panel_floats;
       if (!buffer) {
@@ -1781,7 +1736,7 @@ void qo_cpu_set_parallel_runner(const qo_parallel_runner* runner) { tls_runner =
  * 2 runs, % of the plain read): uint4 g32 44-45 -> 48-50, NVFP4 33-34 -> 39-40, FP8 56-60 -> 63 (contiguous halves,
  * no stealing). */
 static void qo_omp_for(qo_task_fn task, size_t total, void* data) {
-#if defined(_OPENMP) && (defined(__GNUC__) || defined(__clang__))
+#if defined(QO_HAVE_OMP_H) && (defined(__GNUC__) || defined(__clang__))
   int shards = omp_get_max_threads();
   if ((size_t)shards > total) shards = (int)total;
   typedef struct {
@@ -2142,7 +2097,7 @@ static int weight_rows(int fmt, const float* A, const float* prep, int64_t M, in
   qo_job job = {A, M, N, K, &w, NULL, col_scale, col_scale_count, Y, n1 - n0, qo_cpu_isa(), NULL, 0};
   if (fmt == QO_FMT_MXFP4) { /* A checked for the MXFP4 grid, as run_gemm does */
     if (!prep) {
-      prep = tls_grow(&tls_mxi, &tls_mxi_floats, (size_t)qo_cpu_mxfp4_prepared_floats(M, K));
+      prep = qo_tls_grow(&tls_mxi, &tls_mxi_floats, (size_t)qo_cpu_mxfp4_prepared_floats(M, K));
       if (!prep) return QO_ERR_ALLOC;
       qo_cpu_mxfp4_prepare_a(A, M, K, (float*)prep);
     }
@@ -2151,7 +2106,7 @@ static int weight_rows(int fmt, const float* A, const float* prep, int64_t M, in
   }
 #if QO_X86_AVX2
   if (job.isa != QO_ISA_PORTABLE && M > QO_GEMV_MAX_M && !job.mxi) { /* A packed as run_gemm packs it */
-    float* pack = tls_grow(&tls_apack, &tls_apack_floats, (size_t)((M + 3) / 4 * 4 * (K / QO_LANES) * QO_LANES + 16));
+    float* pack = qo_tls_grow(&tls_apack, &tls_apack_floats, (size_t)((M + 3) / 4 * 4 * (K / QO_LANES) * QO_LANES + 16));
     if (!pack) return QO_ERR_ALLOC;
     job.a_pack = qo_align64(pack);
     pack_a(A, M, K, (float*)job.a_pack);

@@ -18,9 +18,22 @@
 #ifndef QO_CPU_SIMD_H
 #define QO_CPU_SIMD_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 enum { QO_ISA_PORTABLE = 0, QO_ISA_AVX2 = 1, QO_ISA_AVX512 = 2 };
+
+/* The functions between QO_TARGET_BEGIN("avx2,fma") and QO_TARGET_END are compiled for those ISA extensions (GCC's
+ * target pragma, clang's attribute push); the file picks the path at run time (qo_cpu_isa). */
+#define QO_PRAGMA(x) _Pragma(#x)
+#if defined(__clang__)
+#define QO_TARGET_BEGIN(isa) QO_PRAGMA(clang attribute push(__attribute__((target(isa))), apply_to = function))
+#define QO_TARGET_END QO_PRAGMA(clang attribute pop)
+#else
+#define QO_TARGET_BEGIN(isa) QO_PRAGMA(GCC push_options) QO_PRAGMA(GCC target(isa))
+#define QO_TARGET_END QO_PRAGMA(GCC pop_options)
+#endif
 
 /* Defined in qo_cpu_kernels.c (not exported from the library). */
 int qo_cpu_isa(void);
@@ -42,6 +55,25 @@ static inline int qo_round_even_clamp(float v, int lo, int hi) {
   if (d > 0.5f || (d == 0.5f && (r & 1))) return r + 1;
   if (d < -0.5f || (d == -0.5f && (r & 1))) return r - 1;
   return r;
+}
+
+#if defined(_MSC_VER)
+#define QO_THREAD_LOCAL __declspec(thread)
+#else
+#define QO_THREAD_LOCAL __thread
+#endif
+
+/* A thread-local buffer kept between calls (a fresh malloc per task is an mmap whose page faults cost more than the
+ * work; released at process exit): *buffer grown to at least `want` floats, 64 bytes over (room for qo_align64);
+ * NULL when the allocation fails. */
+static inline float* qo_tls_grow(float** buffer, size_t* have, size_t want) {
+  if (*have < want) {
+    float* grown = (float*)realloc(*buffer, sizeof(float) * want + 64);
+    if (!grown) return NULL;
+    *buffer = grown;
+    *have = want;
+  }
+  return *buffer;
 }
 
 /* p rounded up to a multiple of 64 bytes (buffers allocated 64 bytes longer): a kernel's prepared operands start on
