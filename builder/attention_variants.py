@@ -23,7 +23,14 @@
   docs/real_model_numerics.md). `attention=fused` keeps GroupQueryAttention (and ORT's Softmax in FP8 attention).
   Weight-only and float schemes keep GroupQueryAttention under auto: no activation quantizer amplifies its ulps.
   Families the explicit subgraph does not cover (explicit_attention_supported) keep GroupQueryAttention under auto.
-Options (BuildOptions): kv_cache auto|emulate|off|native, fp8_attention auto|off, attention auto|fused|explicit.
+- Fixed-order fused attention (`attention=fixed`; the cpu default under auto wherever the custom-op library is in use
+  and the family's attention is plain GroupQueryAttention, with or without Qwen3's head norms): com.quark_onnx
+  GroupQueryAttentionFixedOrder (builder/ops/attention_fixed_order.py), GroupQueryAttention's inputs and in-place
+  cache (genai past_present_share_buffer=true) with one summation order on every CPU. It replaces both
+  GroupQueryAttention (weight-only schemes: their logits no longer depend on the CPU) and the explicit subgraph
+  (activation-quantized schemes: no cache concatenation per step); with an FP8 KV cache it takes QDQ(k), QDQ(v)
+  in front. FP8 attention (probabilities quantized) keeps the explicit subgraph.
+Options (BuildOptions): kv_cache auto|emulate|off|native, fp8_attention auto|off, attention auto|fused|explicit|fixed.
 """
 from __future__ import annotations
 
@@ -222,6 +229,10 @@ def choose_quantized_attention(model_plan, ckpt):
                      "and an SM89+ GPU; genai past_present_share_buffer=true")
         model_plan.search_extras["past_present_share_buffer"] = True
         return _native_kv_gqa(model_plan.family.default_attention, scales)
+    if has_attn and attention_form(model_plan) == "fixed":
+        raise ConversionError("attention=fixed cannot quantize the attention probabilities (the checkpoint's "
+                              "q_proj.output_scale / prob_output_scale: FP8 attention runs the explicit subgraph)",
+                              field="--extra_options attention", value="fixed", accepted="auto, explicit")
     if has_attn:
         notes.append(f"FP8 attention: explicit MatMul/Softmax subgraph with Q/DQ of Q, K, V (before RoPE) and the "
                      f"softmax probabilities (checkpoint scales) on {ep}; KV cache holds the fake-quantized values "
@@ -232,6 +243,10 @@ def choose_quantized_attention(model_plan, ckpt):
         return _explicit_fp8(scales, getattr(model_plan.family, "head_norms", None), fixed_softmax=fixed)
     native = ("kv_cache=native stores a real float8 cache instead (quantized after RoPE, opt-in)"
               if "fp8" in model_plan.ep.gqa_kv_quant else f"{ep} has no native FP8 GroupQueryAttention cache")
+    if has_kv and fixed_order_chosen(model_plan):
+        notes.append(f"FP8 KV cache emulated on {ep}: K and V are quantize-dequantized with k_proj/v_proj.output_scale "
+                     f"before RoPE, in front of {FIXED_ORDER_NOTE}; {native}")
+        return _fixed_order(model_plan, scales)
     if has_kv and fixed:
         why_not = explicit_attention_supported(model_plan)
         if why_not is None:
@@ -253,7 +268,7 @@ def choose_quantized_attention(model_plan, ckpt):
     return None
 
 
-ATTENTION_FORMS = ("auto", "fused", "explicit")  # --extra_options attention
+ATTENTION_FORMS = ("auto", "fused", "explicit", "fixed")  # --extra_options attention
 
 
 FLOAT_ACTIVATIONS = ("bfloat16", "float16")  # a float "quantizer" on the input rounds, it picks no codes
@@ -299,6 +314,80 @@ def explicit_attention_supported(model_plan) -> str | None:
     if hp.partial_rotary_factor != 1.0:
         return "partial rotary"
     return None
+
+
+FIXED_ORDER_NOTE = ("com.quark_onnx GroupQueryAttentionFixedOrder (GroupQueryAttention's inputs and in-place cache, "
+                    "one summation order on every CPU: the same logits on AVX2 and AVX-512 machines; attention=fused "
+                    "for GroupQueryAttention); genai past_present_share_buffer=true")
+
+
+def fixed_order_unsupported(model_plan, need_kernel: bool = True) -> str | None:
+    """None when GroupQueryAttentionFixedOrder can run this model's attention (need_kernel: through the custom-op
+    library's kernel, not only its ONNX function), else why not."""
+    from custom_ops.functions import FUNCTIONS  # noqa: F401  (the op's fallback must exist too)
+
+    from .arch import llama, qwen3
+    from .custom_ops_library import OP_SYMBOLS, exported_kernels
+    from .ops.attention_fixed_order import OP
+    if model_plan.ep.name != "cpu":
+        return f"its kernel is a CPU kernel, the EP is {model_plan.ep.name}"
+    if model_plan.io != "fp32":
+        return f"its kernel takes float32, the io is {model_plan.io}"
+    if model_plan.family.default_attention not in (llama.default_attention, qwen3.default_attention):
+        return f"{getattr(model_plan.family, '__name__', 'this family').rsplit('.', 1)[-1]} has its own attention"
+    library = model_plan.options.custom_ops_library
+    if not need_kernel:
+        return None
+    if not library:
+        return "no custom-op library in use (a float model, custom_ops_library=none, or none could be built)"
+    if OP_SYMBOLS[OP] not in exported_kernels(str(library)):
+        return f"{library} has no {OP} kernel (built before it existed: python -m custom_ops.ort_library --force)"
+    return None
+
+
+def fixed_order_chosen(model_plan) -> bool:
+    """attention=fixed (where the op can run, through the library's kernel or, without it, its ONNX function), or
+    auto where the custom-op library in use has its kernel (fixed_order_unsupported)."""
+    form = attention_form(model_plan)
+    if form == "fixed":
+        why_not = fixed_order_unsupported(model_plan, need_kernel=False)
+        if why_not is not None:
+            raise ConversionError(f"attention=fixed is not available here ({why_not})",
+                                  field="--extra_options attention", value="fixed", accepted="auto, fused, explicit")
+        return True
+    return form == "auto" and fixed_order_unsupported(model_plan) is None
+
+
+def _fixed_order(model_plan, scales: list[LayerScales] | None = None):
+    """GroupQueryAttentionFixedOrder, after QDQ(k), QDQ(v) (FP8 KV cache scales) and the family's head norms."""
+    from .arch import llama
+    from .ops.attention_fixed_order import fixed_order_attention
+    family = model_plan.family
+    head_norms = None if family.default_attention is llama.default_attention else family.head_norms
+    model_plan.search_extras["past_present_share_buffer"] = True
+
+    def attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp):
+        s = scales[i] if scales else LayerScales()
+        p = f"/model/layers.{i}/attn"
+        if s.k is not None:
+            k = qdq_static(ctx, k, s.k, "fp8_e4m3", f"{p}/k_quant")
+        if s.v is not None:
+            v = qdq_static(ctx, v, s.v, "fp8_e4m3", f"{p}/v_quant")
+        if head_norms is not None:
+            q, k = head_norms(ctx, i, q, k, hp)
+        return fixed_order_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp)
+    return attention
+
+
+@register_chooser
+def choose_fixed_order_attention(model_plan, ckpt):
+    """attention=fixed, or the cpu default (auto) where the custom-op library is in use: registered after
+    choose_quantized_attention, which builds the FP8 KV / attention checkpoints' forms (this op with QDQ(k), QDQ(v)
+    for an FP8 KV cache) itself."""
+    if not fixed_order_chosen(model_plan):
+        return None
+    model_plan.notes.append(f"attention on {model_plan.ep.name}: {FIXED_ORDER_NOTE}")
+    return _fixed_order(model_plan)
 
 
 @register_chooser

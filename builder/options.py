@@ -81,8 +81,8 @@ def _has_fp8_attention(plan) -> bool:
 
 
 def _has_standard_attention(plan) -> bool:
-    from .attention_variants import explicit_attention_supported
-    return explicit_attention_supported(plan) is None
+    from .attention_variants import explicit_attention_supported, fixed_order_unsupported
+    return explicit_attention_supported(plan) is None or fixed_order_unsupported(plan, need_kernel=False) is None
 
 
 def _has_int4(plan) -> bool:
@@ -128,8 +128,10 @@ OPTIONS: dict[str, Option] = {
                        "FP8 KV cache (k_proj/v_proj.output_scale): auto|emulate|off|native"),
     "fp8_attention": Option(choice("auto", "off"), _has_fp8_attention, "FP8 attention subgraph: auto|off"),
     "attention": Option(_choices_of(("builder.attention_variants", "ATTENTION_FORMS")), _has_standard_attention,
-                        "attention form: auto (CPU with quantized activations: explicit, else fused) | "
-                        "fused (GroupQueryAttention) | explicit (MatMul subgraph with a fixed-order softmax: the same "
+                        "attention form: auto (CPU with the custom-op library: fixed; without it, quantized "
+                        "activations: explicit, else fused) | fixed (com.quark_onnx GroupQueryAttentionFixedOrder: "
+                        "GroupQueryAttention's in-place cache, one summation order on every CPU) | fused "
+                        "(GroupQueryAttention) | explicit (MatMul subgraph with a fixed-order softmax: the same "
                         "logits on AVX2 and AVX-512 CPUs)"),
     "mx_activations": Option(_choices_of(("builder.quant.mxfp4", "MX_ACTIVATION_OPTIONS")), _has_fp4,
                              "MXFP4/NVFP4 dynamic activation quantization: emulate|skip"),

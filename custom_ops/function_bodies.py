@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
-from onnxscript import BFLOAT16, FLOAT, FLOAT8E4M3FN, INT8, UINT8, script
+from onnxscript import BFLOAT16, FLOAT, FLOAT8E4M3FN, INT8, INT32, UINT8, script
 from onnxscript import opset21 as op
 from onnxscript.values import Opset
 
@@ -63,6 +63,13 @@ ZERO_F = _tensor("zero_f", np.array(0.0, dtype=np.float32))
 INT8_MAX_F = _tensor("int8_max_f", np.array(127.0, dtype=np.float32))
 INT8_MIN_F = _tensor("int8_min_f", np.array(-127.0, dtype=np.float32))
 INT4_DEFAULT_ZP = _tensor("int4_default_zp", np.array(8.0, dtype=np.float32))
+MINUS_ONE_1D = _ints("minus_one_1d", [-1])
+ZERO_I64 = _tensor("zero_i64", np.array(0, dtype=np.int64))
+ONE_I64 = _tensor("one_i64", np.array(1, dtype=np.int64))
+ZERO_6 = _ints("zero_6", [0] * 6)
+LARGE_1D = _ints("large_1d", [2**62])
+NEG_INF = _tensor("neg_inf", np.array(-np.inf, dtype=np.float32))
+AXES_1_3 = _ints("axes_1_3", [1, 3])
 
 
 @script(quark_onnx)
@@ -379,8 +386,79 @@ def MatMulInt4(A, B: UINT8[...], scales: FLOAT[...], K: int, N: int, block_size:
     return Y
 
 
+@script(quark_onnx)
+def GroupQueryAttentionFixedOrder(query: FLOAT[...], key: FLOAT[...], value: FLOAT[...], past_key: FLOAT[...],
+                                  past_value: FLOAT[...], seqlens_k: INT32[...], total_sequence_length: INT32[...],
+                                  cos_cache: FLOAT[...], sin_cache: FLOAT[...], num_heads: int, kv_num_heads: int,
+                                  scale: float = 0.0, local_window_size: int = -1):
+    """com.microsoft GroupQueryAttention's semantics (do_rotary, half-split rotary on cos_cache's 2R dims) in standard
+    ops: past length 0 on the first prompt (S == total_sequence_length), else seqlens_k + 1 - S per batch row; the
+    rotated keys and the values written into rows [past, past + S) of present (past padded to
+    max(total, past length)); query at position p attends keys (p - local_window_size, p] (every key <= p when
+    local_window_size <= 0); softmax as ReduceMax, Exp, ReduceSum, Div (no ISA-dependent Softmax kernel)."""
+    one = op.Constant(value=ONE_1D)
+    zero = op.Constant(value=ZERO_1D)
+    minus1 = op.Constant(value=MINUS_ONE_1D)
+    last_axis = op.Constant(value=LAST_AXIS)
+    b = op.Shape(query, start=0, end=1)
+    s = op.Shape(query, start=1, end=2)
+    heads = op.Reshape(op.Constant(value_int=num_heads), one)
+    kv_heads = op.Reshape(op.Constant(value_int=kv_num_heads), one)
+    q4 = op.Reshape(query, op.Concat(b, s, heads, minus1, axis=0))                      # [B, S, H, D]
+    k4 = op.Reshape(key, op.Concat(b, s, kv_heads, minus1, axis=0))                     # [B, S, Hkv, D]
+    v4 = op.Reshape(value, op.Concat(b, s, kv_heads, minus1, axis=0))
+    d = op.Shape(q4, start=3, end=4)
+    total = op.Reshape(op.Cast(total_sequence_length, to=TensorProto.INT64), one)
+    past = op.Where(op.Equal(s, total), zero, op.Sub(op.Cast(seqlens_k, to=TensorProto.INT64), op.Sub(s, one)))
+    steps = op.Range(op.Constant(value=ZERO_I64), op.Squeeze(s, zero), op.Constant(value=ONE_I64))
+    pos = op.Add(op.Unsqueeze(past, one), op.Unsqueeze(steps, zero))                    # [B, S]
+    axis2 = op.Constant(value=TWO_1D)
+    cos = op.Unsqueeze(op.Gather(cos_cache, pos, axis=0), axis2)                        # [B, S, 1, R]
+    sin = op.Unsqueeze(op.Gather(sin_cache, pos, axis=0), axis2)
+    r = op.Shape(cos_cache, start=1, end=2)
+    two_r = op.Add(r, r)
+    large = op.Constant(value=LARGE_1D)
+    q1 = op.Slice(q4, zero, r, last_axis)
+    q2 = op.Slice(q4, r, two_r, last_axis)
+    q_rot = op.Concat(op.Sub(op.Mul(q1, cos), op.Mul(q2, sin)), op.Add(op.Mul(q2, cos), op.Mul(q1, sin)),
+                      op.Slice(q4, two_r, large, last_axis), axis=-1)
+    k1 = op.Slice(k4, zero, r, last_axis)
+    k2 = op.Slice(k4, r, two_r, last_axis)
+    k_rot = op.Concat(op.Sub(op.Mul(k1, cos), op.Mul(k2, sin)), op.Add(op.Mul(k2, cos), op.Mul(k1, sin)),
+                      op.Slice(k4, two_r, large, last_axis), axis=-1)
+    q_t = op.Transpose(q_rot, perm=[0, 2, 1, 3])                                        # [B, H, S, D]
+    k_t = op.Transpose(k_rot, perm=[0, 2, 1, 3])                                        # [B, Hkv, S, D]
+    v_t = op.Transpose(v4, perm=[0, 2, 1, 3])
+    p_len = op.Shape(past_key, start=2, end=3)
+    t_len = op.Max(total, p_len)
+    pads = op.Concat(op.Constant(value=ZERO_6), op.Sub(t_len, p_len), zero, axis=0)     # the end of axis 2
+    rows = op.Expand(op.Unsqueeze(pos, op.Constant(value=AXES_1_3)), op.Shape(k_t))     # [B, Hkv, S, D]
+    present_key = op.ScatterElements(op.Pad(past_key, pads), rows, k_t, axis=2)
+    present_value = op.ScatterElements(op.Pad(past_value, pads), rows, v_t, axis=2)
+    group = op.Div(heads, kv_heads)
+    grouped = op.Concat(b, kv_heads, group, t_len, d, axis=0)
+    flat = op.Concat(b, heads, t_len, d, axis=0)
+    k_rep = op.Reshape(op.Expand(op.Unsqueeze(present_key, axis2), grouped), flat)      # [B, H, T, D]
+    v_rep = op.Reshape(op.Expand(op.Unsqueeze(present_value, axis2), grouped), flat)
+    scale_given = op.Constant(value_float=scale)
+    default_scale = op.Div(op.Constant(value=ONE), op.Sqrt(op.Cast(op.Squeeze(d, zero), to=TensorProto.FLOAT)))
+    alpha = op.Where(op.Equal(scale_given, op.Constant(value=ZERO_F)), default_scale, scale_given)
+    scores = op.Mul(op.MatMul(q_t, op.Transpose(k_rep, perm=[0, 1, 3, 2])), alpha)      # [B, H, S, T]
+    t_idx = op.Range(op.Constant(value=ZERO_I64), op.Squeeze(t_len, zero), op.Constant(value=ONE_I64))
+    p4 = op.Unsqueeze(pos, op.Constant(value=AXES_1_3))                                 # [B, 1, S, 1]
+    window = op.Constant(value_int=local_window_size)
+    in_window = op.Or(op.LessOrEqual(window, op.Constant(value=ZERO_I64)), op.Greater(t_idx, op.Sub(p4, window)))
+    allowed = op.And(op.LessOrEqual(t_idx, p4), in_window)
+    masked = op.Where(allowed, scores, op.Constant(value=NEG_INF))
+    e = op.Exp(op.Sub(masked, op.ReduceMax(masked, last_axis, keepdims=1)))
+    probs = op.Div(e, op.ReduceSum(e, last_axis, keepdims=1))
+    out = op.Transpose(op.MatMul(probs, v_rep), perm=[0, 2, 1, 3])                      # [B, S, H, D]
+    Y = op.Reshape(out, op.Concat(b, s, minus1, axis=0))
+    return Y, present_key, present_value
+
+
 BODIES = {fn.name: fn for fn in (MatMulUint4, MatMulInt4, MatMulMxfp4, MatMulFp8W8A8, MatMulFp8W8A8Dyn, MatMulBf16, MatMulFp8, MatMulInt8,
                                  MatMulInt8W8A8,
                                  MatMulNvfp4, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
                                  MatMulExpertsInt8, MatMulExpertsUint4, MatMulExpertsInt4,
-                                 Int8BlockActivations)}
+                                 GroupQueryAttentionFixedOrder, Int8BlockActivations)}

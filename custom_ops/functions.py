@@ -98,6 +98,9 @@ FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
     "MatMulExpertsInt8": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsInt8", opset),
     "MatMulExpertsUint4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsUint4", opset),
     "MatMulExpertsInt4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsInt4", opset),
+    # attention with a fixed summation order (qo_cpu_attention.c)
+    "GroupQueryAttentionFixedOrder": lambda opset=DEFAULT_ONNX_OPSET: function_proto("GroupQueryAttentionFixedOrder",
+                                                                                     opset),
 }
 # Functions the bodies above call (not ops of their own: attached with the op that uses them).
 HELPERS: dict[str, Callable[..., onnx.FunctionProto]] = {
@@ -128,6 +131,8 @@ OP_INPUTS = {
     "MatMulExpertsInt4": ("A", "expert_ids", "B", "scales"),
     "MatMulUint4": ("A", "B", "scales", "zero_points"),
     "MatMulInt4": ("A", "B", "scales"),
+    "GroupQueryAttentionFixedOrder": ("query", "key", "value", "past_key", "past_value", "seqlens_k",
+                                      "total_sequence_length", "cos_cache", "sin_cache"),
 }
 OP_REQUIRED_ATTRIBUTES = {
     "MatMulMxfp4": ("K", "N"),
@@ -146,6 +151,7 @@ OP_REQUIRED_ATTRIBUTES = {
     "MatMulExpertsInt4": (),
     "MatMulUint4": ("K", "N", "block_size"),
     "MatMulInt4": ("K", "N", "block_size"),
+    "GroupQueryAttentionFixedOrder": ("num_heads", "kv_num_heads"),
 }
 # Integer attributes a node may carry, and the values each may take.
 OP_OPTIONAL_ATTRIBUTES = {

@@ -38,7 +38,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_DIR = PACKAGE_DIR / "src"
 BUILD_DIR = PACKAGE_DIR / "build" / "cpu"
 LIBRARY_NAME = "quark_onnx_ops"
-CPU_SOURCES = ("qo_cpu_kernels.c", "qo_cpu_experts.c", "qo_cpu_int4.c", "qo_cpu_int4_panel.c", "qo_cpu_int4_a8.c", "qo_cpu_int8_w8a8.c", "qo_version.c")
+CPU_SOURCES = ("qo_cpu_kernels.c", "qo_cpu_experts.c", "qo_cpu_int4.c", "qo_cpu_int4_panel.c", "qo_cpu_int4_a8.c", "qo_cpu_int8_w8a8.c", "qo_cpu_attention.c", "qo_version.c")
 HEADERS = ("qo_fp_formats.h", "qo_kernels.h", "qo_cpu_simd.h", "qo_cpu_int4_panel.h")
 ABI_VERSION = 1
 MXFP4_BLOCK_SIZE = 32
@@ -137,7 +137,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         "qo_matmul_int4_f16": [p, p, p, p, p, i64, i64, i64, i64],
         "qo_matmul_int4_a8_f32": [p, p, p, p, p, i64, i64, i64, i64],
     }
-    for name, argtypes in signatures.items():
+    optional = {  # newer than some builds a benchmark may load (--library): declared where present
+        "qo_gqa_fixed_order_f32": [p, p, p, p, p, i64, p, p, i64, p, i64, p, p, i64, i64, p, i64, i64, i64, i64, i64,
+                                   f32, i64],
+    }
+    for name, argtypes in {**signatures, **{n: t for n, t in optional.items() if hasattr(lib, n)}}.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
         fn.restype = ctypes.c_int
@@ -332,3 +336,34 @@ def matmul_int4(a: np.ndarray, b_packed: np.ndarray, scales: np.ndarray, zero_po
     _check(fn(_ptr(a), _ptr(b), _ptr(s), None if zp is None else _ptr(zp), _ptr(y), a.size // k, n, k, block_size),
            "matmul_int4")
     return y
+
+
+def gqa_fixed_order(q: np.ndarray, k: np.ndarray, v: np.ndarray, past_k: np.ndarray, past_v: np.ndarray,
+                    seqlens_k: np.ndarray, total_sequence_length: int, cos_cache: np.ndarray, sin_cache: np.ndarray,
+                    num_heads: int, kv_num_heads: int, scale: float = 0.0, local_window: int = -1,
+                    share_buffer: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """com.quark_onnx GroupQueryAttentionFixedOrder (qo_cpu_attention.c): (out [B, S, H*D], present_k, present_v).
+    share_buffer: past_k / past_v are the cache buffers themselves ([B, Hkv, max_length, D], written in place and
+    returned), as onnxruntime-genai binds them; else present is a new [B, Hkv, max(total, P), D] array."""
+    f32 = np.float32
+    q, k, v = (np.ascontiguousarray(x, dtype=f32) for x in (q, k, v))
+    cos_cache, sin_cache = (np.ascontiguousarray(x, dtype=f32) for x in (cos_cache, sin_cache))
+    seqlens = np.ascontiguousarray(seqlens_k, dtype=np.int32).reshape(-1)
+    b, s, hd = q.shape
+    d = hd // num_heads
+    if share_buffer:
+        if past_k.dtype != f32 or not past_k.flags.c_contiguous or past_v.dtype != f32 or not past_v.flags.c_contiguous:
+            raise ValueError("gqa_fixed_order: shared past buffers must be C-contiguous float32 arrays")
+        present_k, present_v = past_k, past_v
+    else:
+        past_k, past_v = (np.ascontiguousarray(x, dtype=f32) for x in (past_k, past_v))
+        t = max(int(total_sequence_length), past_k.shape[2])
+        present_k = np.empty((b, kv_num_heads, t, d), f32)
+        present_v = np.empty((b, kv_num_heads, t, d), f32)
+    out = np.empty((b, s, hd), f32)
+    fn = load_library().qo_gqa_fixed_order_f32
+    _check(fn(_ptr(q), _ptr(k), _ptr(v), _ptr(past_k), _ptr(past_v), past_k.shape[2], _ptr(present_k),
+              _ptr(present_v), present_k.shape[2], _ptr(seqlens), int(total_sequence_length), _ptr(cos_cache),
+              _ptr(sin_cache), cos_cache.shape[0], cos_cache.shape[1], _ptr(out), b, s, num_heads, kv_num_heads, d,
+              float(scale), int(local_window)), "gqa_fixed_order")
+    return out, present_k, present_v

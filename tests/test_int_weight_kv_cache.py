@@ -22,8 +22,8 @@ def test_uint4_with_fp8_kv_matches_emulation(quark_exports, tmp_path, recipe):
     if recipe.endswith("attn"):
         # the FP8 probability quantizer reads the softmax: on cpu its fixed-order form (issue 21)
         assert "GroupQueryAttention" not in ops and "Softmax" not in ops and ops["Exp"] == 2
-    else:  # weight-only activations, FP8 KV: GroupQueryAttention stays (no code-flipping quantizer after it)
-        assert ops["GroupQueryAttention"] == 2
+    else:  # weight-only activations, FP8 KV: QDQ(k), QDQ(v) in front of the cpu default's fixed-order fused op
+        assert ops["GroupQueryAttentionFixedOrder"] == 2 and "GroupQueryAttention" not in ops
     ids = np.load(export / "reference.npz")["input_ids"]
     emu_logits, emu_greedy = emulate(export, ids)
     diff = float(np.abs(prompt_logits(out, ids) - emu_logits).max())

@@ -67,7 +67,7 @@ def test_fp8_kv_and_attention_quantize_before_the_head_norms(quark_exports, tmp_
         # cpu: the fixed-order softmax in front of the probability quantizer (issue 21)
         assert "GroupQueryAttention" not in ops and "Softmax" not in ops and ops["Exp"] == LAYERS
     else:
-        assert ops["GroupQueryAttention"] == LAYERS
+        assert ops["GroupQueryAttentionFixedOrder"] == LAYERS  # the cpu default's fixed-order fused op
     # each layer: QDQ(k_proj output) feeds k_norm's Reshape (the norm follows the quantizer, as in Quark)
     nodes = {n.name: n for n in onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node}
     for i in range(LAYERS):
@@ -92,9 +92,9 @@ def test_head_norm_layout(quark_exports, tmp_path):
             assert inits[norm.input[1]] == [32]  # weight [head_dim]
             assert norm.input[1] == f"model.layers.{i}.self_attn.{proj}_norm.weight"
             assert [a.f for a in norm.attribute if a.name == "epsilon"] == [pytest.approx(1e-5)]
-            assert nodes[f"{p}/GroupQueryAttention"].input[slot] == f"{p}/{proj}_norm/Reshape_back/output_0"
+            assert nodes[f"{p}/GroupQueryAttentionFixedOrder"].input[slot] == f"{p}/{proj}_norm/Reshape_back/output_0"
             assert nodes[f"{p}/{proj}_norm/Reshape"].input[0] == f"{p}/qkv_proj/Split/output_{slot}"
-        assert nodes[f"{p}/GroupQueryAttention"].input[2] == f"{p}/qkv_proj/Split/output_2"  # v: no norm
+        assert nodes[f"{p}/GroupQueryAttentionFixedOrder"].input[2] == f"{p}/qkv_proj/Split/output_2"  # v: no norm
     cfg = json.loads((out / "genai_config.json").read_text())["model"]
     assert cfg["type"] == "qwen3" and cfg["decoder"]["head_size"] == 32 and cfg["decoder"]["hidden_size"] == 64
 

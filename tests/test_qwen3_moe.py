@@ -82,7 +82,7 @@ def test_fp8_kv_cache_matches_quark_importer(quark_exports, tmp_path, shape, rec
     assert diff <= LOGIT_TOL, diff  # measured 7.2e-7 for both
     assert decisive_prefix(ref["greedy_margins"], LOGIT_TOL) == NEW_TOKENS
     assert genai_greedy(out, ids) == ref["greedy"].tolist()
-    assert op_types(out)["GroupQueryAttention"] == 3  # FP8 KV emulated (K/V Q/DQ) in front of fused GQA
+    assert op_types(out)["GroupQueryAttentionFixedOrder"] == 3  # FP8 KV emulated (K/V Q/DQ) in front of the op
 
 
 @pytest.mark.parametrize("shape", ["qwen3_moe", "qwen3_moe_raw", "qwen2_moe"])

@@ -667,6 +667,120 @@ std::vector<QoExpertsOp>& ExpertOps() {
   return ops;
 }
 
+// ---- GroupQueryAttentionFixedOrder (CPU, float32): com.microsoft GroupQueryAttention's inputs and outputs
+// (query [B, S, H*D], key / value [B, S, Hkv*D], past_key / past_value [B, Hkv, P, D], seqlens_k int32 [B],
+// total_sequence_length int32 scalar, cos_cache / sin_cache [max_positions, R]) -> output [B, S, H*D],
+// present_key / present_value [B, Hkv, max(total, P), D]; attributes num_heads, kv_num_heads, scale (0: 1/sqrt(D)),
+// local_window_size (-1: none). onnxruntime-genai's past_present_share_buffer binds present to past's buffer: the
+// kernel then writes the new rows in place (qo_cpu_attention.c). ----
+constexpr const char* kGqaName = "GroupQueryAttentionFixedOrder";
+
+struct GqaKernel {
+  int64_t num_heads, kv_heads, window;
+  float scale;
+};
+
+const char* ORT_API_CALL GqaOpName(const OrtCustomOp*) { return kGqaName; }
+size_t ORT_API_CALL GqaInputCount(const OrtCustomOp*) { return 9; }
+size_t ORT_API_CALL GqaOutputCount(const OrtCustomOp*) { return 3; }
+
+ONNXTensorElementDataType ORT_API_CALL GqaInputType(const OrtCustomOp*, size_t index) {
+  return index == 5 || index == 6 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+
+OrtStatus* ORT_API_CALL GqaCreate(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* info, void** kernel) {
+  GqaKernel k{0, 0, -1, 0.0f};
+  QO_RETURN_IF_ERROR(api->KernelInfoGetAttribute_int64(info, "num_heads", &k.num_heads));
+  QO_RETURN_IF_ERROR(api->KernelInfoGetAttribute_int64(info, "kv_num_heads", &k.kv_heads));
+  if (OrtStatus* absent = api->KernelInfoGetAttribute_float(info, "scale", &k.scale)) {
+    api->ReleaseStatus(absent);
+    k.scale = 0.0f;
+  }
+  if (OrtStatus* absent = api->KernelInfoGetAttribute_int64(info, "local_window_size", &k.window)) {
+    api->ReleaseStatus(absent);
+    k.window = -1;
+  }
+  if (k.num_heads <= 0 || k.kv_heads <= 0 || k.num_heads % k.kv_heads != 0)
+    return api->CreateStatus(ORT_INVALID_ARGUMENT, (std::string(kDomain) + ": " + kGqaName + ": num_heads " +
+                                                    std::to_string(k.num_heads) + " must be a positive multiple of "
+                                                    "kv_num_heads " + std::to_string(k.kv_heads)).c_str());
+  GqaKernel* made = new (std::nothrow) GqaKernel(k);
+  if (!made) return api->CreateStatus(ORT_FAIL, "com.quark_onnx: out of memory");
+  *kernel = made;
+  return nullptr;
+}
+
+void ORT_API_CALL GqaDestroy(void* kernel) { delete static_cast<GqaKernel*>(kernel); }
+
+OrtStatus* ORT_API_CALL GqaCompute(void* kernel, OrtKernelContext* context) {
+  const GqaKernel& kk = *static_cast<const GqaKernel*>(kernel);
+  const std::string name = kGqaName;
+  TensorView t[9];
+  const void* data[9] = {};
+  for (size_t i = 0; i < 9; ++i) QO_RETURN_IF_ERROR(Input(context, i, &t[i], &data[i]));
+  const TensorView &q = t[0], &k = t[1], &v = t[2], &pk = t[3], &pv = t[4], &sl = t[5], &tot = t[6], &cs = t[7],
+                   &sn = t[8];
+  if (q.shape.size() != 3 || k.shape.size() != 3 || v.shape != k.shape || pk.shape.size() != 4 || pv.shape != pk.shape)
+    return Error(name + ": query / key / value must be [B, S, heads * D], past_key / past_value [B, Hkv, P, D]");
+  const int64_t B = q.shape[0], S = q.shape[1], H = kk.num_heads, Hkv = kk.kv_heads;
+  if (q.shape[2] % H != 0) return Error(name + ": query's last dimension is not num_heads * D");
+  const int64_t D = q.shape[2] / H;
+  if (k.shape[0] != B || k.shape[1] != S || k.shape[2] != Hkv * D || pk.shape[0] != B || pk.shape[1] != Hkv ||
+      pk.shape[3] != D)
+    return Error(name + ": key / value [B, S, kv_num_heads * D] and past [B, kv_num_heads, P, D] must match query");
+  if (sl.elements() != B || tot.elements() != 1) return Error(name + ": seqlens_k must be [B], total_sequence_length a scalar");
+  if (cs.shape.size() != 2 || sn.shape != cs.shape || 2 * cs.shape[1] > D)
+    return Error(name + ": cos_cache / sin_cache must be [max_positions, R] with 2R <= head size");
+  const int64_t total = *static_cast<const int32_t*>(data[6]), P = pk.shape[2];
+  const int64_t T = total > P ? total : P;
+  const int64_t out_shape[3] = {B, S, H * D}, cache_shape[4] = {B, Hkv, T, D};
+  OrtValue *out = nullptr, *present_k = nullptr, *present_v = nullptr;
+  QO_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, out_shape, 3, &out));
+  QO_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 1, cache_shape, 4, &present_k));
+  QO_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 2, cache_shape, 4, &present_v));
+  void *out_data = nullptr, *pk_out = nullptr, *pv_out = nullptr;
+  QO_RETURN_IF_ERROR(g_api->GetTensorMutableData(out, &out_data));
+  QO_RETURN_IF_ERROR(g_api->GetTensorMutableData(present_k, &pk_out));
+  QO_RETURN_IF_ERROR(g_api->GetTensorMutableData(present_v, &pv_out));
+  int status = QO_ERR_ARGUMENT;
+#if defined(QO_WITH_CPU)
+  ScopedOrtRunner runner(context);
+  status = qo_gqa_fixed_order_f32(static_cast<const float*>(data[0]), static_cast<const float*>(data[1]),
+                                  static_cast<const float*>(data[2]), static_cast<const float*>(data[3]),
+                                  static_cast<const float*>(data[4]), P, static_cast<float*>(pk_out),
+                                  static_cast<float*>(pv_out), T, static_cast<const int32_t*>(data[5]), total,
+                                  static_cast<const float*>(data[7]), static_cast<const float*>(data[8]), cs.shape[0],
+                                  cs.shape[1], static_cast<float*>(out_data), B, S, H, Hkv, D, kk.scale, kk.window);
+#endif
+  if (status != QO_OK)
+    return Error(name + ": kernel failed with status " + std::to_string(status) +
+                 (status == QO_ERR_ARGUMENT ? " (positions past the rotary tables or the cache, or seqlens_k "
+                                              "inconsistent with total_sequence_length?)" : ""));
+  return nullptr;
+}
+
+std::vector<OrtCustomOp>& GqaOps() {
+  static std::vector<OrtCustomOp> ops = [] {
+    std::vector<OrtCustomOp> list;
+#if defined(QO_WITH_CPU)
+    OrtCustomOp op = MakeOp(OpKind::kMxfp4, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, false);
+    op.GetName = GqaOpName;
+    op.GetExecutionProviderType = ExpertsProvider;
+    op.GetInputType = GqaInputType;
+    op.GetInputTypeCount = GqaInputCount;
+    op.GetOutputType = ExpertsOutputType;
+    op.GetOutputTypeCount = GqaOutputCount;
+    op.GetInputMemoryType = ExpertsMemType;
+    op.CreateKernelV2 = GqaCreate;
+    op.KernelComputeV2 = GqaCompute;
+    op.KernelDestroy = GqaDestroy;
+    list.push_back(op);
+#endif
+    return list;
+  }();
+  return ops;
+}
+
 }  // namespace
 
 extern "C" QO_API OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
@@ -683,6 +797,7 @@ extern "C" QO_API OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* o
     QO_RETURN_IF_ERROR(g_api->CreateCustomOpDomain(kDomain, &domain));
     for (QoCustomOp& op : AllOps()) QO_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &op));
     for (QoExpertsOp& op : ExpertOps()) QO_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &op));
+    for (OrtCustomOp& op : GqaOps()) QO_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &op));
   }
   return g_api->AddCustomOpDomain(options, domain);
 }

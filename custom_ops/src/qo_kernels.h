@@ -129,6 +129,17 @@ QO_API int qo_matmul_experts_int4_a8_f32(const float* A, const int64_t* expert_i
                                          int64_t k, int64_t a_slots, int64_t E, int64_t N, int64_t K,
                                          int64_t block_size);
 
+/* Grouped-query attention with rotary embedding and a KV cache, one summation order on every CPU (com.quark_onnx
+ * GroupQueryAttentionFixedOrder; semantics and arithmetic in qo_cpu_attention.c). q [B, S, H*D], k / v [B, S, Hkv*D],
+ * past_k / past_v [B, Hkv, P, D], present_k / present_v [B, Hkv, T, D] (the past buffers themselves when the
+ * caller shares them: then T == P), seqlens_k int32 [B] (total length - 1), cos / sin [max_positions, R] (rotary
+ * on the first 2R dims, half split), out [B, S, H*D]; scale 0: 1/sqrt(D); local_window <= 0: none. */
+QO_API int qo_gqa_fixed_order_f32(const float* q, const float* k, const float* v, const float* past_k,
+                                  const float* past_v, int64_t P, float* present_k, float* present_v, int64_t T,
+                                  const int32_t* seqlens_k, int64_t total_sequence_length, const float* cos_cache,
+                                  const float* sin_cache, int64_t max_positions, int64_t R, float* out, int64_t B,
+                                  int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale, int64_t local_window);
+
 /* ---- CPU parallel loop (not exported: for the ORT layer in the same library). By default the CPU kernels split
  * their work with OpenMP; a runner set on the calling thread replaces that, e.g. with ORT's intra-op thread pool
  * (KernelContext_ParallelFor), so that ORT's and OpenMP's threads never compete for the same cores. run() calls
