@@ -4,31 +4,14 @@ against ORT's own com.microsoft GroupQueryAttention on the same inputs, and its 
 (also what AVX-512 CPUs run) and the portable C path, 1 and 2 threads, give the same bits."""
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-
 import numpy as np
 import pytest
+from test_cpu_kernel_formats import omp_threads, path  # noqa: F401  (path: the SIMD-path fixture)
 
 from custom_ops import native
 
 # float32 attention against float64 (scores through a D-term dot, exp, a T-term sum): relative to max |out|
 REL = 2e-6
-
-
-def omp_threads(n: int) -> None:
-    native.load_library()
-    ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1").omp_set_num_threads(n)
-
-
-@pytest.fixture
-def path(monkeypatch):
-    def set_path(name):
-        if name:
-            monkeypatch.setenv("QO_CPU_KERNELS", name)
-        else:
-            monkeypatch.delenv("QO_CPU_KERNELS", raising=False)
-    return set_path
 
 
 def rope_tables(max_pos: int, rotary_dim: int, theta: float = 10000.0):

@@ -642,22 +642,40 @@ OrtStatus* ORT_API_CALL ExpertsCompute(void* kernel, OrtKernelContext* context) 
   return nullptr;
 }
 
+// A CPU, float32 op of its own callbacks (the experts and the attention op): MakeOp's defaults otherwise.
+struct CpuOpCallbacks {
+  const char*(ORT_API_CALL* name)(const OrtCustomOp*);
+  ONNXTensorElementDataType(ORT_API_CALL* input_type)(const OrtCustomOp*, size_t);
+  size_t(ORT_API_CALL* input_count)(const OrtCustomOp*);
+  size_t(ORT_API_CALL* output_count)(const OrtCustomOp*);
+  OrtStatus*(ORT_API_CALL* create)(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*, void**);
+  OrtStatus*(ORT_API_CALL* compute)(void*, OrtKernelContext*);
+  void(ORT_API_CALL* destroy)(void*);
+};
+
+OrtCustomOp MakeCpuOp(const CpuOpCallbacks& c) {
+  OrtCustomOp op = MakeOp(OpKind::kMxfp4, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, false);
+  op.GetName = c.name;
+  op.GetExecutionProviderType = ExpertsProvider;
+  op.GetInputType = c.input_type;
+  op.GetInputTypeCount = c.input_count;
+  op.GetOutputType = ExpertsOutputType;
+  op.GetOutputTypeCount = c.output_count;
+  op.GetInputMemoryType = ExpertsMemType;
+  op.CreateKernelV2 = c.create;
+  op.KernelComputeV2 = c.compute;
+  op.KernelDestroy = c.destroy;
+  return op;
+}
+
 std::vector<QoExpertsOp>& ExpertOps() {
   static std::vector<QoExpertsOp> ops = [] {
     std::vector<QoExpertsOp> list;
 #if defined(QO_WITH_CPU)
     for (int fmt : {int(QO_FMT_MXFP4), int(QO_FMT_NVFP4), int(QO_FMT_FP8), int(QO_FMT_INT8), kExpertsUint4, kExpertsInt4}) {
       QoExpertsOp op{};
-      static_cast<OrtCustomOp&>(op) = MakeOp(OpKind::kMxfp4, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, false);
-      op.GetName = ExpertsName;
-      op.GetExecutionProviderType = ExpertsProvider;
-      op.GetInputType = ExpertsInputType;
-      op.GetInputTypeCount = ExpertsInputCount;
-      op.GetOutputType = ExpertsOutputType;
-      op.GetInputMemoryType = ExpertsMemType;
-      op.CreateKernelV2 = ExpertsCreate;
-      op.KernelComputeV2 = ExpertsCompute;
-      op.KernelDestroy = ExpertsDestroy;
+      static_cast<OrtCustomOp&>(op) = MakeCpuOp({ExpertsName, ExpertsInputType, ExpertsInputCount, GetOutputTypeCount,
+                                                 ExpertsCreate, ExpertsCompute, ExpertsDestroy});
       op.fmt = fmt;
       list.push_back(op);
     }
@@ -763,18 +781,8 @@ std::vector<OrtCustomOp>& GqaOps() {
   static std::vector<OrtCustomOp> ops = [] {
     std::vector<OrtCustomOp> list;
 #if defined(QO_WITH_CPU)
-    OrtCustomOp op = MakeOp(OpKind::kMxfp4, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, false);
-    op.GetName = GqaOpName;
-    op.GetExecutionProviderType = ExpertsProvider;
-    op.GetInputType = GqaInputType;
-    op.GetInputTypeCount = GqaInputCount;
-    op.GetOutputType = ExpertsOutputType;
-    op.GetOutputTypeCount = GqaOutputCount;
-    op.GetInputMemoryType = ExpertsMemType;
-    op.CreateKernelV2 = GqaCreate;
-    op.KernelComputeV2 = GqaCompute;
-    op.KernelDestroy = GqaDestroy;
-    list.push_back(op);
+    list.push_back(MakeCpuOp({GqaOpName, GqaInputType, GqaInputCount, GqaOutputCount, GqaCreate, GqaCompute,
+                              GqaDestroy}));
 #endif
     return list;
   }();
