@@ -144,54 +144,181 @@ static inline __m256 qa_exp_avx2(__m256 x) {
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
 }
 
-/* D % 8 == 0 */
-static void qa_query_avx2(const qa_job* j, const float* q, const float* K, const float* V, int64_t n, float* e,
-                          float* o) {
-  const int64_t D = j->D;
+/* The fold of eight 8-lane accumulators at once, each exactly as qa_fold8 (lo + hi, then (s0 + s2) + (s1 + s3)):
+ * r = [a0, a2, a4, a6 | a1, a3, a5, a7]. */
+static inline __m256 qa_fold8x8_avx2(const __m256 a[8]) {
+  __m256 w[4];
+  for (int i = 0; i < 4; ++i)
+    w[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                         _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31)); /* [s(a_2i) | s(a_2i+1)] */
+  __m256 z[2];
+  for (int i = 0; i < 2; ++i) /* [t0, t1 of a_4i, t0, t1 of a_4i+2 | the same of a_4i+1, a_4i+3] */
+    z[i] = _mm256_add_ps(_mm256_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm256_add_ps(_mm256_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm256_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* Scores of nq (1 or 2) queries q[] against keys 0..n-1 of K (rows of D, D % 8 == 0): e[u][t] = dot * scale, the dot
+ * in qa_dot's order; 2 queries x 4 keys (or 1 x 8) per pass, their eight accumulators folded together. */
+static void qa_scores_avx2(const float* const q[2], int nq, const float* K, int64_t n, int64_t D, float scale,
+                           float* const e[2]) {
+  const int keys = nq == 2 ? 4 : 8;
+  const __m256 sv = _mm256_set1_ps(scale);
+  int64_t t = 0;
+  float r[8];
+  for (; t + keys <= n; t += keys) {
+    __m256 a[8];
+    for (int u = 0; u < 8; ++u) a[u] = _mm256_setzero_ps();
+    const float* k0 = K + t * D;
+    if (nq == 2) {
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 x0 = _mm256_loadu_ps(q[0] + d), x1 = _mm256_loadu_ps(q[1] + d);
+        for (int u = 0; u < 4; ++u) {
+          const __m256 kv = _mm256_loadu_ps(k0 + u * D + d);
+          a[u] = _mm256_fmadd_ps(x0, kv, a[u]);
+          a[4 + u] = _mm256_fmadd_ps(x1, kv, a[4 + u]);
+        }
+      }
+    } else {
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 x0 = _mm256_loadu_ps(q[0] + d);
+        for (int u = 0; u < 8; ++u) a[u] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(k0 + u * D + d), a[u]);
+      }
+    }
+    _mm256_storeu_ps(r, _mm256_mul_ps(qa_fold8x8_avx2(a), sv)); /* [a0, a2, a4, a6 | a1, a3, a5, a7] */
+    if (nq == 2) { /* a_u: query u / 4, key u % 4 */
+      float* e0 = e[0] + t;
+      float* e1 = e[1] + t;
+      e0[0] = r[0], e0[2] = r[1], e1[0] = r[2], e1[2] = r[3], e0[1] = r[4], e0[3] = r[5], e1[1] = r[6], e1[3] = r[7];
+    } else {
+      float* e0 = e[0] + t;
+      e0[0] = r[0], e0[2] = r[1], e0[4] = r[2], e0[6] = r[3], e0[1] = r[4], e0[3] = r[5], e0[5] = r[6], e0[7] = r[7];
+    }
+  }
+  for (; t < n; ++t)
+    for (int u = 0; u < nq; ++u) {
+      __m256 a = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q[u] + d), _mm256_loadu_ps(K + t * D + d), a);
+      e[u][t] = qa_fold8_avx2(a) * scale;
+    }
+}
+
+/* e[0..n) <- exp(e - max), returns their 8-lane sum (qa_query_portable's). e has room for n rounded up to 8. */
+static float qa_softmax_avx2(float* e, int64_t n) {
+  /* the max as the portable loop takes it: vmaxps returns its second operand (the running max) for a NaN */
+  __m256 mx = _mm256_set1_ps(-INFINITY);
+  int64_t i0 = 0;
+  for (; i0 + 8 <= n; i0 += 8) mx = _mm256_max_ps(_mm256_loadu_ps(e + i0), mx);
+  float lanes_max[8];
+  _mm256_storeu_ps(lanes_max, mx);
   float m = -INFINITY;
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) { /* four keys per pass over q */
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    const float* k0 = K + i * D;
-    for (int64_t d = 0; d < D; d += 8) {
-      const __m256 x = _mm256_loadu_ps(q + d);
-      a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + d), a0);
-      a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + D + d), a1);
-      a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + 2 * D + d), a2);
-      a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + 3 * D + d), a3);
-    }
-    const float s[4] = {qa_fold8_avx2(a0), qa_fold8_avx2(a1), qa_fold8_avx2(a2), qa_fold8_avx2(a3)};
-    for (int u = 0; u < 4; ++u) {
-      e[i + u] = s[u] * j->scale;
-      if (e[i + u] > m) m = e[i + u];
-    }
-  }
-  for (; i < n; ++i) {
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(K + i * D + d), a);
-    e[i] = qa_fold8_avx2(a) * j->scale;
+  for (int i = 0; i < 8; ++i)
+    if (lanes_max[i] > m) m = lanes_max[i];
+  for (int64_t i = i0; i < n; ++i)
     if (e[i] > m) m = e[i];
-  }
-  /* exps and their 8-lane sum; the tail padded with -inf, whose exp is +0 (which leaves a lane unchanged) */
   const int64_t n8 = (n + 7) & ~(int64_t)7;
-  for (i = n; i < n8; ++i) e[i] = -INFINITY;
+  for (int64_t i = n; i < n8; ++i) e[i] = -INFINITY; /* exp -> +0, which leaves a lane unchanged */
   const __m256 mv = _mm256_set1_ps(m);
   __m256 lanes = _mm256_setzero_ps();
-  for (i = 0; i < n8; i += 8) {
+  for (int64_t i = 0; i < n8; i += 8) {
     const __m256 x = qa_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(e + i), mv));
     _mm256_storeu_ps(e + i, x);
     lanes = _mm256_add_ps(lanes, x);
   }
-  const __m256 sum = _mm256_set1_ps(qa_fold8_avx2(lanes));
-  for (int64_t d0 = 0; d0 < D; d0 += 32) { /* 32 output lanes per pass over the keys */
-    const int64_t w = D - d0 < 32 ? D - d0 : 32;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (i = 0; i < n; ++i) {
-      const __m256 p = _mm256_broadcast_ss(e + i);
-      const float* vr = V + i * D + d0;
-      for (int c = 0; c < w / 8; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+  return qa_fold8_avx2(lanes);
+}
+
+/* Keys [ta, tb) of one 8w-wide slice [d0, d0 + 8w) of nq (1 or 2) queries' value sums, accumulated into acc[u]
+ * (memory, D floats a query): acc_u[d] += e_u[t - lo_u] * V[t][d] by fmaf in increasing t over the query's range
+ * [lo_u, end_u). Two queries of one head (lo_0 <= lo_1 <= end_0 <= end_1): the keys only query 0 has first, then the
+ * shared ones, then those only query 1 has, so each query's order is unchanged; w is a constant where this is
+ * inlined (the accumulators stay in registers). */
+static inline __attribute__((always_inline)) void qa_values_slice_avx2(
+    const int nq, const int w, const float* const e[2], const int64_t lo[2], const int64_t end[2], const float* V,
+    int64_t D, int64_t d0, int64_t ta, int64_t tb, float* const acc_mem[2]) {
+  const int64_t mid0 = nq == 2 ? lo[1] : end[0], mid1 = end[0];
+  __m256 acc[2][4];
+  for (int u = 0; u < nq; ++u)
+    for (int c = 0; c < w; ++c) acc[u][c] = _mm256_loadu_ps(acc_mem[u] + d0 + 8 * c);
+  const int64_t a0 = ta > lo[0] ? ta : lo[0], a1 = tb < mid0 ? tb : mid0;
+  for (int64_t t = a0; t < a1; ++t) {
+    const __m256 p = _mm256_broadcast_ss(e[0] + (t - lo[0]));
+    for (int c = 0; c < w; ++c) acc[0][c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(V + t * D + d0 + 8 * c), acc[0][c]);
+  }
+  if (nq == 2) {
+    const int64_t b0 = ta > mid0 ? ta : mid0, b1 = tb < mid1 ? tb : mid1;
+    for (int64_t t = b0; t < b1; ++t) {
+      const __m256 p0 = _mm256_broadcast_ss(e[0] + (t - lo[0])), p1 = _mm256_broadcast_ss(e[1] + (t - lo[1]));
+      for (int c = 0; c < w; ++c) {
+        const __m256 v = _mm256_loadu_ps(V + t * D + d0 + 8 * c);
+        acc[0][c] = _mm256_fmadd_ps(p0, v, acc[0][c]);
+        acc[1][c] = _mm256_fmadd_ps(p1, v, acc[1][c]);
+      }
     }
-    for (int c = 0; c < w / 8; ++c) _mm256_storeu_ps(o + d0 + 8 * c, _mm256_div_ps(acc[c], sum));
+    const int64_t c0 = ta > mid1 ? ta : mid1, c1 = tb < end[1] ? tb : end[1];
+    for (int64_t t = c0; t < c1; ++t) {
+      const __m256 p = _mm256_broadcast_ss(e[1] + (t - lo[1]));
+      for (int c = 0; c < w; ++c) acc[1][c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(V + t * D + d0 + 8 * c), acc[1][c]);
+    }
+  }
+  for (int u = 0; u < nq; ++u)
+    for (int c = 0; c < w; ++c) _mm256_storeu_ps(acc_mem[u] + d0 + 8 * c, acc[u][c]);
+}
+
+static void qa_values_avx2(int nq, const float* const e[2], const int64_t lo[2], const int64_t end[2], const float* V,
+                           int64_t D, int64_t ta, int64_t tb, float* const acc[2]) {
+  int64_t d0 = 0;
+  for (; d0 + 32 <= D; d0 += 32) {
+    if (nq == 2)
+      qa_values_slice_avx2(2, 4, e, lo, end, V, D, d0, ta, tb, acc);
+    else
+      qa_values_slice_avx2(1, 4, e, lo, end, V, D, d0, ta, tb, acc);
+  }
+  for (; d0 < D; d0 += 8) qa_values_slice_avx2(nq, 1, e, lo, end, V, D, d0, ta, tb, acc);
+}
+
+/* The queries s0..s0+nb-1 of one head (D % 8 == 0; nb <= QA_QUERY_BLOCK), keys in tiles of about 16 KB of K (then of
+ * V) so that a tile serves every query pair of the block from L1 (one pass over the keys per query pair read K and
+ * V from L2 at 256 bytes a key for two queries: 2.4x slower at 2048 tokens). q: the rotated queries; lo / end: their
+ * key ranges; scratch: nb rows of e, then nb rows of D accumulators (qa_scratch_floats). */
+static void qa_block_avx2(const qa_job* j, int nb, float* const q[QA_QUERY_BLOCK], const int64_t lo[QA_QUERY_BLOCK],
+                          const int64_t end[QA_QUERY_BLOCK], const float* K, const float* V, float* scratch,
+                          float* const o[QA_QUERY_BLOCK]) {
+  const int64_t D = j->D, first = lo[0], last = end[nb - 1], stride = ((last - first + 7) & ~(int64_t)7) + 8;
+  const int64_t tile = 4096 / D > 8 ? 4096 / D : 8;
+  float* acc = scratch + nb * stride;
+  float* e[QA_QUERY_BLOCK];       /* e[u][t - lo_u]: query u's scores, then exps */
+  for (int u = 0; u < nb; ++u) e[u] = scratch + u * stride + (lo[u] - first);
+  for (int64_t ta = first; ta < last; ta += tile) { /* scores */
+    const int64_t tb = ta + tile < last ? ta + tile : last;
+    for (int u = 0; u < nb; u += 2) {
+      const int nq = u + 1 < nb ? 2 : 1;
+      const int64_t a = ta > lo[u] ? ta : lo[u], b = tb < end[u + nq - 1] ? tb : end[u + nq - 1];
+      if (a >= b) continue;
+      const float* const qs[2] = {q[u], q[u + nq - 1]};
+      float* const out[2] = {e[u] + (a - lo[u]), e[u + nq - 1] + (a - lo[u + nq - 1])}; /* the union of the ranges */
+      qa_scores_avx2(qs, nq, K + a * D, b - a, D, j->scale, out);
+    }
+  }
+  float sum[QA_QUERY_BLOCK];
+  for (int u = 0; u < nb; ++u) {
+    sum[u] = qa_softmax_avx2(e[u], end[u] - lo[u]);
+    memset(acc + u * D, 0, sizeof(float) * (size_t)D);
+  }
+  for (int64_t ta = first; ta < last; ta += tile) { /* value sums */
+    const int64_t tb = ta + tile < last ? ta + tile : last;
+    for (int u = 0; u < nb; u += 2) {
+      const int nq = u + 1 < nb ? 2 : 1;
+      const float* const ev[2] = {e[u], e[u + nq - 1]};
+      const int64_t lv[2] = {lo[u], lo[u + nq - 1]}, ev_end[2] = {end[u], end[u + nq - 1]};
+      float* const av[2] = {acc + u * D, acc + (u + nq - 1) * D};
+      qa_values_avx2(nq, ev, lv, ev_end, V, D, ta, tb, av);
+    }
+  }
+  for (int u = 0; u < nb; ++u) {
+    const __m256 sv = _mm256_set1_ps(sum[u]);
+    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o[u] + d, _mm256_div_ps(_mm256_loadu_ps(acc + u * D + d), sv));
   }
 }
 
@@ -226,34 +353,46 @@ static QO_THREAD_LOCAL float* tls_scratch = NULL;
 static QO_THREAD_LOCAL size_t tls_scratch_floats = 0;
 
 /* Queries of (b, head, block of QA_QUERY_BLOCK). */
+/* Scratch floats of a query task: nb rows of e (the block's key span rounded up, + 8), nb rows of D accumulators and
+ * nb rotated queries. */
+static size_t qa_scratch_floats(const qa_job* j) {
+  return (size_t)(QA_QUERY_BLOCK * (j->T + QA_QUERY_BLOCK + 16) + 2 * QA_QUERY_BLOCK * j->D);
+}
+
 static void qa_query_task(void* data, size_t index) {
   const qa_job* j = (const qa_job*)data;
   const int64_t blk = (int64_t)index % j->query_blocks, bh = (int64_t)index / j->query_blocks;
   const int64_t b = bh / j->H, h = bh % j->H, D = j->D, S = j->S;
   const int64_t g = h / (j->H / j->Hkv), past = j->past_len[b];
-  float* scratch = qo_tls_grow(&tls_scratch, &tls_scratch_floats, (size_t)(j->T + 8 + D));
+  float* scratch = qo_tls_grow(&tls_scratch, &tls_scratch_floats, qa_scratch_floats(j));
   if (!scratch) {
     ((qa_job*)data)->failed = 1;
     return;
   }
-  float* e = scratch;
-  float* qr = scratch + j->T + 8;
   const float* Kh = j->present_k + (b * j->Hkv + g) * j->T * D;
   const float* Vh = j->present_v + (b * j->Hkv + g) * j->T * D;
-  const int64_t s1 = (blk + 1) * QA_QUERY_BLOCK < S ? (blk + 1) * QA_QUERY_BLOCK : S;
-  for (int64_t s = blk * QA_QUERY_BLOCK; s < s1; ++s) {
-    const int64_t p = past + s;
-    const int64_t lo = j->window > 0 && p >= j->window ? p - j->window + 1 : 0;
-    qa_rotate(j->q + ((b * S + s) * j->H + h) * D, j->cos_cache + p * j->R, j->sin_cache + p * j->R, j->R, D, qr);
-    float* o = j->out + ((b * S + s) * j->H + h) * D;
-#if QA_X86
-    if (j->path != QO_ISA_PORTABLE) {
-      qa_query_avx2(j, qr, Kh + lo * D, Vh + lo * D, p - lo + 1, e, o);
-      continue;
-    }
-#endif
-    qa_query_portable(j, qr, Kh + lo * D, Vh + lo * D, p - lo + 1, e, o);
+  const int64_t s0 = blk * QA_QUERY_BLOCK, s1 = s0 + QA_QUERY_BLOCK < S ? s0 + QA_QUERY_BLOCK : S;
+  const int nb = (int)(s1 - s0);
+  float* q[QA_QUERY_BLOCK];
+  float* o[QA_QUERY_BLOCK];
+  int64_t lo[QA_QUERY_BLOCK], end[QA_QUERY_BLOCK];
+  float* qbase = scratch + qa_scratch_floats(j) - (size_t)(QA_QUERY_BLOCK * D);
+  for (int u = 0; u < nb; ++u) {
+    const int64_t p = past + s0 + u;
+    lo[u] = j->window > 0 && p >= j->window ? p - j->window + 1 : 0;
+    end[u] = p + 1;
+    q[u] = qbase + u * D;
+    qa_rotate(j->q + ((b * S + s0 + u) * j->H + h) * D, j->cos_cache + p * j->R, j->sin_cache + p * j->R, j->R, D,
+              q[u]);
+    o[u] = j->out + ((b * S + s0 + u) * j->H + h) * D;
   }
+#if QA_X86
+  if (j->path != QO_ISA_PORTABLE) {
+    qa_block_avx2(j, nb, q, lo, end, Kh, Vh, scratch, o);
+    return;
+  }
+#endif
+  for (int u = 0; u < nb; ++u) qa_query_portable(j, q[u], Kh + lo[u] * D, Vh + lo[u] * D, end[u] - lo[u], scratch, o[u]);
 }
 
 QO_API int qo_gqa_fixed_order_f32(const float* q, const float* k, const float* v, const float* past_k,
