@@ -24,8 +24,8 @@
   Weight-only and float schemes keep GroupQueryAttention under auto: no activation quantizer amplifies its ulps.
   Families the explicit subgraph does not cover (explicit_attention_supported) keep GroupQueryAttention under auto.
 - Fixed-order fused attention (`attention=fixed`; the cpu default under auto wherever the custom-op library is in use
-  and the family's attention is plain GroupQueryAttention, with or without Qwen3's head norms): com.quark_onnx
-  GroupQueryAttentionFixedOrder (builder/ops/attention_fixed_order.py), GroupQueryAttention's inputs and in-place
+  and the family's attention is plain GroupQueryAttention, with or without Qwen3's head norms or gpt-oss's sinks):
+  com.quark_onnx GroupQueryAttentionFixedOrder[Sinks] (builder/ops/attention_fixed_order.py), GroupQueryAttention's inputs and in-place
   cache (genai past_present_share_buffer=true) with one summation order on every CPU. It replaces both
   GroupQueryAttention (weight-only schemes: their logits no longer depend on the CPU) and the explicit subgraph
   (activation-quantized schemes: no cache concatenation per step); with an FP8 KV cache it takes QDQ(k), QDQ(v)
@@ -326,14 +326,15 @@ def fixed_order_unsupported(model_plan, need_kernel: bool = True) -> str | None:
     library's kernel, not only its ONNX function), else why not."""
     from custom_ops.functions import FUNCTIONS  # noqa: F401  (the op's fallback must exist too)
 
-    from .arch import llama, qwen3
+    from .arch import gpt_oss, llama, qwen3
     from .custom_ops_library import OP_SYMBOLS, exported_kernels
     from .ops.attention_fixed_order import OP
     if model_plan.ep.name != "cpu":
         return f"its kernel is a CPU kernel, the EP is {model_plan.ep.name}"
     if model_plan.io != "fp32":
         return f"its kernel takes float32, the io is {model_plan.io}"
-    if model_plan.family.default_attention not in (llama.default_attention, qwen3.default_attention):
+    if model_plan.family.default_attention not in (llama.default_attention, qwen3.default_attention,
+                                                    gpt_oss.default_attention):
         return f"{getattr(model_plan.family, '__name__', 'this family').rsplit('.', 1)[-1]} has its own attention"
     library = model_plan.options.custom_ops_library
     if not need_kernel:
@@ -359,11 +360,16 @@ def fixed_order_chosen(model_plan) -> bool:
 
 
 def _fixed_order(model_plan, scales: list[LayerScales] | None = None):
-    """GroupQueryAttentionFixedOrder, after QDQ(k), QDQ(v) (FP8 KV cache scales) and the family's head norms."""
-    from .arch import llama
+    """GroupQueryAttentionFixedOrder, after QDQ(k), QDQ(v) (FP8 KV cache scales) and the family's head norms (Qwen3);
+    with the layer's sinks (gpt-oss) GroupQueryAttentionFixedOrderSinks."""
+    from .arch import gpt_oss, llama
     from .ops.attention_fixed_order import fixed_order_attention
     family = model_plan.family
-    head_norms = None if family.default_attention is llama.default_attention else family.head_norms
+    head_norms = getattr(family, "head_norms", None) if family.default_attention is not llama.default_attention \
+        else None
+    sinks_of = (lambda ctx, i: ctx.float_initializer(f"model.layers.{i}.{gpt_oss.SINKS}",
+                                                     f"model.layers.{i}.{gpt_oss.SINKS}")) \
+        if family.default_attention is gpt_oss.default_attention else None
     model_plan.search_extras["past_present_share_buffer"] = True
 
     def attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp):
@@ -375,7 +381,8 @@ def _fixed_order(model_plan, scales: list[LayerScales] | None = None):
             v = qdq_static(ctx, v, s.v, "fp8_e4m3", f"{p}/v_quant")
         if head_norms is not None:
             q, k = head_norms(ctx, i, q, k, hp)
-        return fixed_order_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp)
+        return fixed_order_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp,
+                                     sinks=sinks_of(ctx, i) if sinks_of else None)
     return attention
 
 

@@ -387,15 +387,16 @@ def MatMulInt4(A, B: UINT8[...], scales: FLOAT[...], K: int, N: int, block_size:
 
 
 @script(quark_onnx)
-def GroupQueryAttentionFixedOrder(query: FLOAT[...], key: FLOAT[...], value: FLOAT[...], past_key: FLOAT[...],
-                                  past_value: FLOAT[...], seqlens_k: INT32[...], total_sequence_length: INT32[...],
-                                  cos_cache: FLOAT[...], sin_cache: FLOAT[...], num_heads: int, kv_num_heads: int,
-                                  scale: float = 0.0, local_window_size: int = -1):
-    """com.microsoft GroupQueryAttention's semantics (do_rotary, half-split rotary on cos_cache's 2R dims) in standard
-    ops: past length 0 on the first prompt (S == total_sequence_length), else seqlens_k + 1 - S per batch row; the
-    rotated keys and the values written into rows [past, past + S) of present (past padded to
-    max(total, past length)); query at position p attends keys (p - local_window_size, p] (every key <= p when
-    local_window_size <= 0); softmax as ReduceMax, Exp, ReduceSum, Div (no ISA-dependent Softmax kernel)."""
+def GqaFixedOrderScores(query: FLOAT[...], key: FLOAT[...], value: FLOAT[...], past_key: FLOAT[...],
+                        past_value: FLOAT[...], seqlens_k: INT32[...], total_sequence_length: INT32[...],
+                        cos_cache: FLOAT[...], sin_cache: FLOAT[...], num_heads: int, kv_num_heads: int,
+                        scale: float = 0.0, local_window_size: int = -1):
+    """The shared part of GroupQueryAttentionFixedOrder(Sinks): com.microsoft GroupQueryAttention's semantics
+    (do_rotary, half-split rotary on cos_cache's 2R dims) in standard ops: past length 0 on the first prompt
+    (S == total_sequence_length), else seqlens_k + 1 - S per batch row; the rotated keys and the values written into
+    rows [past, past + S) of present (past padded to max(total, past length)). Returns the scaled scores [B, H, S, T]
+    with -inf where a query may not attend (keys after it, or at or before p - local_window_size when that is
+    positive), the values repeated per query head [B, H, T, D], and present_key / present_value."""
     one = op.Constant(value=ONE_1D)
     zero = op.Constant(value=ZERO_1D)
     minus1 = op.Constant(value=MINUS_ONE_1D)
@@ -450,15 +451,54 @@ def GroupQueryAttentionFixedOrder(query: FLOAT[...], key: FLOAT[...], value: FLO
     in_window = op.Or(op.LessOrEqual(window, op.Constant(value=ZERO_I64)), op.Greater(t_idx, op.Sub(p4, window)))
     allowed = op.And(op.LessOrEqual(t_idx, p4), in_window)
     masked = op.Where(allowed, scores, op.Constant(value=NEG_INF))
+    return masked, v_rep, present_key, present_value
+
+
+@script(quark_onnx)
+def GroupQueryAttentionFixedOrder(query: FLOAT[...], key: FLOAT[...], value: FLOAT[...], past_key: FLOAT[...],
+                                  past_value: FLOAT[...], seqlens_k: INT32[...], total_sequence_length: INT32[...],
+                                  cos_cache: FLOAT[...], sin_cache: FLOAT[...], num_heads: int, kv_num_heads: int,
+                                  scale: float = 0.0, local_window_size: int = -1):
+    """GroupQueryAttention's semantics in standard ops (GqaFixedOrderScores), the softmax as ReduceMax, Exp,
+    ReduceSum, Div (no ISA-dependent Softmax kernel)."""
+    last_axis = op.Constant(value=LAST_AXIS)
+    masked, v_rep, present_key, present_value = GqaFixedOrderScores(
+        query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache,
+        num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale, local_window_size=local_window_size)
     e = op.Exp(op.Sub(masked, op.ReduceMax(masked, last_axis, keepdims=1)))
     probs = op.Div(e, op.ReduceSum(e, last_axis, keepdims=1))
     out = op.Transpose(op.MatMul(probs, v_rep), perm=[0, 2, 1, 3])                      # [B, S, H, D]
-    Y = op.Reshape(out, op.Concat(b, s, minus1, axis=0))
+    Y = op.Reshape(out, op.Concat(op.Shape(query, start=0, end=2), op.Constant(value=MINUS_ONE_1D), axis=0))
     return Y, present_key, present_value
 
+
+@script(quark_onnx)
+def GroupQueryAttentionFixedOrderSinks(query: FLOAT[...], key: FLOAT[...], value: FLOAT[...], past_key: FLOAT[...],
+                                       past_value: FLOAT[...], seqlens_k: INT32[...],
+                                       total_sequence_length: INT32[...], cos_cache: FLOAT[...], sin_cache: FLOAT[...],
+                                       head_sink: FLOAT[...], num_heads: int, kv_num_heads: int, scale: float = 0.0,
+                                       local_window_size: int = -1):
+    """GroupQueryAttentionFixedOrder with each head's sink logit (head_sink [H], gpt-oss) as one more column of the
+    softmax, dropped after (transformers' gpt-oss attention)."""
+    last_axis = op.Constant(value=LAST_AXIS)
+    masked, v_rep, present_key, present_value = GqaFixedOrderScores(
+        query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache,
+        num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale, local_window_size=local_window_size)
+    heads = op.Reshape(op.Constant(value_int=num_heads), op.Constant(value=ONE_1D))
+    column = op.Reshape(head_sink, op.Concat(op.Constant(value=ONE_1D), heads, op.Constant(value=ONE_1D),
+                                             op.Constant(value=ONE_1D), axis=0))          # [1, H, 1, 1]
+    column = op.Expand(column, op.Concat(op.Shape(masked, start=0, end=3), op.Constant(value=ONE_1D), axis=0))
+    full = op.Concat(masked, column, axis=-1)                                           # [B, H, S, T + 1]
+    e = op.Exp(op.Sub(full, op.ReduceMax(full, last_axis, keepdims=1)))
+    probs = op.Slice(op.Div(e, op.ReduceSum(e, last_axis, keepdims=1)), op.Constant(value=ZERO_1D),
+                     op.Constant(value=MINUS_ONE_1D), last_axis)
+    out = op.Transpose(op.MatMul(probs, v_rep), perm=[0, 2, 1, 3])
+    Y = op.Reshape(out, op.Concat(op.Shape(query, start=0, end=2), op.Constant(value=MINUS_ONE_1D), axis=0))
+    return Y, present_key, present_value
 
 BODIES = {fn.name: fn for fn in (MatMulUint4, MatMulInt4, MatMulMxfp4, MatMulFp8W8A8, MatMulFp8W8A8Dyn, MatMulBf16, MatMulFp8, MatMulInt8,
                                  MatMulInt8W8A8,
                                  MatMulNvfp4, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
                                  MatMulExpertsInt8, MatMulExpertsUint4, MatMulExpertsInt4,
-                                 GroupQueryAttentionFixedOrder, Int8BlockActivations)}
+                                 GroupQueryAttentionFixedOrder, GroupQueryAttentionFixedOrderSinks, GqaFixedOrderScores,
+                                 Int8BlockActivations)}

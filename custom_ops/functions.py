@@ -101,12 +101,17 @@ FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
     # attention with a fixed summation order (qo_cpu_attention.c)
     "GroupQueryAttentionFixedOrder": lambda opset=DEFAULT_ONNX_OPSET: function_proto("GroupQueryAttentionFixedOrder",
                                                                                      opset),
+    "GroupQueryAttentionFixedOrderSinks": lambda opset=DEFAULT_ONNX_OPSET: function_proto(
+        "GroupQueryAttentionFixedOrderSinks", opset),
 }
 # Functions the bodies above call (not ops of their own: attached with the op that uses them).
 HELPERS: dict[str, Callable[..., onnx.FunctionProto]] = {
     "Int8BlockActivations": lambda opset=DEFAULT_ONNX_OPSET: function_proto("Int8BlockActivations", opset),
+    "GqaFixedOrderScores": lambda opset=DEFAULT_ONNX_OPSET: function_proto("GqaFixedOrderScores", opset),
 }
-HELPERS_USED = {"MatMulExpertsUint4": ("Int8BlockActivations",), "MatMulExpertsInt4": ("Int8BlockActivations",)}
+HELPERS_USED = {"MatMulExpertsUint4": ("Int8BlockActivations",), "MatMulExpertsInt4": ("Int8BlockActivations",),
+                "GroupQueryAttentionFixedOrder": ("GqaFixedOrderScores",),
+                "GroupQueryAttentionFixedOrderSinks": ("GqaFixedOrderScores",)}
 
 
 def function_protos(op_type: str, onnx_opset: int = DEFAULT_ONNX_OPSET) -> list[onnx.FunctionProto]:
@@ -133,6 +138,8 @@ OP_INPUTS = {
     "MatMulInt4": ("A", "B", "scales"),
     "GroupQueryAttentionFixedOrder": ("query", "key", "value", "past_key", "past_value", "seqlens_k",
                                       "total_sequence_length", "cos_cache", "sin_cache"),
+    "GroupQueryAttentionFixedOrderSinks": ("query", "key", "value", "past_key", "past_value", "seqlens_k",
+                                           "total_sequence_length", "cos_cache", "sin_cache", "head_sink"),
 }
 OP_REQUIRED_ATTRIBUTES = {
     "MatMulMxfp4": ("K", "N"),
@@ -152,6 +159,7 @@ OP_REQUIRED_ATTRIBUTES = {
     "MatMulUint4": ("K", "N", "block_size"),
     "MatMulInt4": ("K", "N", "block_size"),
     "GroupQueryAttentionFixedOrder": ("num_heads", "kv_num_heads"),
+    "GroupQueryAttentionFixedOrderSinks": ("num_heads", "kv_num_heads"),
 }
 # Integer attributes a node may carry, and the values each may take.
 OP_OPTIONAL_ATTRIBUTES = {

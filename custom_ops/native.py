@@ -139,7 +139,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     }
     optional = {  # newer than some builds a benchmark may load (--library): declared where present
         "qo_gqa_fixed_order_f32": [p, p, p, p, p, i64, p, p, i64, p, i64, p, p, i64, i64, p, i64, i64, i64, i64, i64,
-                                   f32, i64],
+                                   f32, i64, p],
     }
     for name, argtypes in {**signatures, **{n: t for n, t in optional.items() if hasattr(lib, n)}}.items():
         fn = getattr(lib, name)
@@ -341,10 +341,12 @@ def matmul_int4(a: np.ndarray, b_packed: np.ndarray, scales: np.ndarray, zero_po
 def gqa_fixed_order(q: np.ndarray, k: np.ndarray, v: np.ndarray, past_k: np.ndarray, past_v: np.ndarray,
                     seqlens_k: np.ndarray, total_sequence_length: int, cos_cache: np.ndarray, sin_cache: np.ndarray,
                     num_heads: int, kv_num_heads: int, scale: float = 0.0, local_window: int = -1,
-                    share_buffer: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    share_buffer: bool = False, head_sink: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """com.quark_onnx GroupQueryAttentionFixedOrder (qo_cpu_attention.c): (out [B, S, H*D], present_k, present_v).
     share_buffer: past_k / past_v are the cache buffers themselves ([B, Hkv, max_length, D], written in place and
-    returned), as onnxruntime-genai binds them; else present is a new [B, Hkv, max(total, P), D] array."""
+    returned), as onnxruntime-genai binds them; else present is a new [B, Hkv, max(total, P), D] array. head_sink
+    [H]: each head's sink logit (GroupQueryAttentionFixedOrderSinks)."""
     f32 = np.float32
     q, k, v = (np.ascontiguousarray(x, dtype=f32) for x in (q, k, v))
     cos_cache, sin_cache = (np.ascontiguousarray(x, dtype=f32) for x in (cos_cache, sin_cache))
@@ -361,9 +363,10 @@ def gqa_fixed_order(q: np.ndarray, k: np.ndarray, v: np.ndarray, past_k: np.ndar
         present_k = np.empty((b, kv_num_heads, t, d), f32)
         present_v = np.empty((b, kv_num_heads, t, d), f32)
     out = np.empty((b, s, hd), f32)
+    sinks = None if head_sink is None else np.ascontiguousarray(head_sink, dtype=f32).reshape(num_heads)
     fn = load_library().qo_gqa_fixed_order_f32
     _check(fn(_ptr(q), _ptr(k), _ptr(v), _ptr(past_k), _ptr(past_v), past_k.shape[2], _ptr(present_k),
               _ptr(present_v), present_k.shape[2], _ptr(seqlens), int(total_sequence_length), _ptr(cos_cache),
               _ptr(sin_cache), cos_cache.shape[0], cos_cache.shape[1], _ptr(out), b, s, num_heads, kv_num_heads, d,
-              float(scale), int(local_window)), "gqa_fixed_order")
+              float(scale), int(local_window), None if sinks is None else _ptr(sinks)), "gqa_fixed_order")
     return out, present_k, present_v

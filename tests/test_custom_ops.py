@@ -288,6 +288,7 @@ def test_make_node_validates():
     assert set(functions.FUNCTIONS) == {"MatMulMxfp4", "MatMulFp8W8A8", "MatMulFp8W8A8Dyn", "MatMulBf16", "MatMulFp8",
                                         "MatMulInt8", "MatMulInt8W8A8", "MatMulNvfp4", "MatMulExpertsMxfp4", "MatMulExpertsNvfp4",
                                         "MatMulExpertsFp8", "MatMulExpertsInt8", "MatMulUint4", "MatMulInt4",
-                                        "MatMulExpertsUint4", "MatMulExpertsInt4", "GroupQueryAttentionFixedOrder"}
+                                        "MatMulExpertsUint4", "MatMulExpertsInt4", "GroupQueryAttentionFixedOrder",
+                                        "GroupQueryAttentionFixedOrderSinks"}
     with pytest.raises(ValueError, match="opset >= 19"):
         functions.matmul_fp8_w8a8_function(onnx_opset=17)

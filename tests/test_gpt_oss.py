@@ -77,17 +77,21 @@ def test_fp16_io_matches_quark(exports, tmp_path, recipe):
     _check(out, np.load(export / "reference.npz"), tol=0.1)  # fp16 activations: measured 2.4e-3 (uint4), 4.8e-2 (fp8)
 
 
-def test_graph_has_sinks_windows_and_qmoe_attributes(exports, tmp_path):
+@pytest.mark.parametrize("attention", ["fused", "auto"])
+def test_graph_has_sinks_windows_and_qmoe_attributes(exports, tmp_path, attention):
     """int4_experts=qmoe (the cpu form without the custom-op library): QMoE with gpt-oss's clamped SwiGLU and
-    biases, against Quark's logits."""
+    biases, against Quark's logits; the sinks and windows on ORT's GroupQueryAttention (attention=fused) and on the
+    cpu default's GroupQueryAttentionFixedOrderSinks."""
     export = exports[("gpt_oss", "uint4_g32")]
-    out = build(export, tmp_path / "onnx", "cpu", "fp32", accuracy_level=1, int4_experts="qmoe")
+    out = build(export, tmp_path / "onnx", "cpu", "fp32", accuracy_level=1, int4_experts="qmoe", attention=attention)
     _check(out, np.load(export / "reference.npz"))
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
-    gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    op, sink_slot = ("GroupQueryAttention", 11) if attention == "fused" else ("GroupQueryAttentionFixedOrderSinks", 9)
+    gqa = [n for n in model.graph.node if n.op_type == op]
     windows = [next(a.i for a in n.attribute if a.name == "local_window_size") for n in gqa]
     assert windows == [4, -1]
-    assert all(len(n.input) == 12 and n.input[11] == f"model.layers.{i}.self_attn.sinks" for i, n in enumerate(gqa))
+    assert all(len(n.input) == sink_slot + 1 and n.input[sink_slot] == f"model.layers.{i}.self_attn.sinks"
+               for i, n in enumerate(gqa))
     qmoe = [n for n in model.graph.node if n.op_type == "QMoE"]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in qmoe[0].attribute}
     assert (attrs["swiglu_fusion"], attrs["activation_beta"], attrs["swiglu_limit"]) == (1, 1.0, 1.0)

@@ -31,9 +31,10 @@ def rotate64(x, cos, sin, pos):
     return out
 
 
-def reference(q, k, v, cache_k, cache_v, past, cos, sin, h, hkv, scale, window):
+def reference(q, k, v, cache_k, cache_v, past, cos, sin, h, hkv, scale, window, sinks=None):
     """float64 GroupQueryAttention of one batch row: q [S, H*D], k / v [S, Hkv*D], cache [Hkv, >= past, D] holding
-    the past rows; returns out [S, H*D] and the rotated new key rows [Hkv, S, D]."""
+    the past rows; sinks [H]: each head's sink logit, one more softmax column dropped after (transformers' gpt-oss);
+    returns out [S, H*D] and the rotated new key rows [Hkv, S, D]."""
     s_len, d = q.shape[0], q.shape[1] // h
     pos = past + np.arange(s_len)
     qh = rotate64(q.astype(np.float64).reshape(s_len, h, d).transpose(1, 0, 2), cos, sin, pos)
@@ -48,8 +49,10 @@ def reference(q, k, v, cache_k, cache_v, past, cos, sin, h, hkv, scale, window):
             p = past + s
             lo = p - window + 1 if 0 < window <= p else 0  # window keys, the query's own included
             sc = keys[g, lo:p + 1] @ qh[head, s] * scale
-            e = np.exp(sc - sc.max())
-            out[s, head] = e @ vals[g, lo:p + 1] / e.sum()
+            m = sc.max() if sinks is None else max(sc.max(), float(sinks[head]))
+            e = np.exp(sc - m)
+            denominator = e.sum() + (0.0 if sinks is None else np.exp(float(sinks[head]) - m))
+            out[s, head] = e @ vals[g, lo:p + 1] / denominator
     return out.reshape(s_len, h * d), kh
 
 
@@ -57,18 +60,20 @@ def rel_err(y, ref):
     return float(np.max(np.abs(y.astype(np.float64) - ref)) / (np.max(np.abs(ref)) + 1e-30))
 
 
-CASES = [  # (H, Hkv, D, rotary_dim, window)
-    (4, 2, 64, 64, -1),
-    (8, 2, 32, 16, -1),   # partial rotary
-    (6, 3, 36, 36, 5),    # D % 8 != 0 (the portable arithmetic on every path), sliding window
-    (4, 4, 128, 128, 24),
+CASES = [  # (H, Hkv, D, rotary_dim, window, sinks)
+    (4, 2, 64, 64, -1, False),
+    (8, 2, 32, 16, -1, False),   # partial rotary
+    (6, 3, 36, 36, 5, False),    # D % 8 != 0 (the portable arithmetic on every path), sliding window
+    (4, 4, 128, 128, 24, False),
+    (8, 2, 64, 64, 9, True),     # gpt-oss: sinks and a sliding window
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"H{c[0]}-KV{c[1]}-D{c[2]}-R{c[3]}-W{c[4]}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"H{c[0]}-KV{c[1]}-D{c[2]}-R{c[3]}-W{c[4]}{'-sinks' * c[5]}")
 def test_prefill_then_decode_against_float64(case, path):
-    h, hkv, d, rdim, window = case
+    h, hkv, d, rdim, window, with_sinks = case
     rng = np.random.default_rng(d * 7 + h)
+    sinks = (rng.standard_normal(h) * 2).astype(np.float32) if with_sinks else None
     cos, sin = rope_tables(96, rdim)
     scale = d ** -0.5
     s0 = 37
@@ -79,8 +84,9 @@ def test_prefill_then_decode_against_float64(case, path):
     seqlens = np.array([s0 - 1], np.int32)
     omp_threads(2)
     path(None)
-    out, pk, pv = native.gqa_fixed_order(q, k, v, empty, empty, seqlens, s0, cos, sin, h, hkv, scale, window)
-    ref, kh = reference(q[0], k[0], v[0], empty[0], empty[0], 0, cos, sin, h, hkv, scale, window)
+    out, pk, pv = native.gqa_fixed_order(q, k, v, empty, empty, seqlens, s0, cos, sin, h, hkv, scale, window,
+                                         head_sink=sinks)
+    ref, kh = reference(q[0], k[0], v[0], empty[0], empty[0], 0, cos, sin, h, hkv, scale, window, sinks)
     assert out.shape == (1, s0, h * d) and pk.shape == (1, hkv, s0, d)
     assert rel_err(out[0], ref) <= REL, rel_err(out[0], ref)
     assert np.max(np.abs(pk[0] - kh)) <= 4e-6 * np.max(np.abs(kh))
@@ -93,8 +99,8 @@ def test_prefill_then_decode_against_float64(case, path):
         vn = rng.standard_normal((1, s_len, hkv * d)).astype(np.float32)
         total = past + s_len
         out, pk, pv = native.gqa_fixed_order(qn, kn, vn, cache_k, cache_v, np.array([total - 1], np.int32), total,
-                                             cos, sin, h, hkv, scale, window)
-        ref, _ = reference(qn[0], kn[0], vn[0], cache_k[0], cache_v[0], past, cos, sin, h, hkv, scale, window)
+                                             cos, sin, h, hkv, scale, window, head_sink=sinks)
+        ref, _ = reference(qn[0], kn[0], vn[0], cache_k[0], cache_v[0], past, cos, sin, h, hkv, scale, window, sinks)
         assert rel_err(out[0], ref) <= REL, (step, rel_err(out[0], ref))
         assert np.array_equal(pk[:, :, :past], cache_k) and np.array_equal(pv[:, :, :past], cache_v)
         cache_k, cache_v, past = pk, pv, total
@@ -135,17 +141,20 @@ def test_one_order_on_every_path_and_thread_count(path):
     s0 = 150
     args = [rng.standard_normal((1, s0, n * d)).astype(np.float32) * 3 for n in (h, hkv, hkv)]
     empty = np.zeros((1, hkv, 0, d), np.float32)
+    sinks = rng.standard_normal(h).astype(np.float32)
     results = []
     for p in ("avx512", "avx2", "portable"):
         path(p)
         for threads in (1, 2):
             omp_threads(threads)
-            results.append(native.gqa_fixed_order(*args, empty, empty, np.array([s0 - 1], np.int32), s0, cos, sin, h,
-                                                  hkv, d ** -0.5, 48))
+            for head_sink in (None, sinks):
+                results.append(native.gqa_fixed_order(*args, empty, empty, np.array([s0 - 1], np.int32), s0, cos, sin,
+                                                      h, hkv, d ** -0.5, 48, head_sink=head_sink))
     omp_threads(2)
-    for r in results[1:]:
-        for a, b in zip(results[0], r):
+    for i, r in enumerate(results[2:]):
+        for a, b in zip(results[i % 2], r):  # without sinks, with sinks
             assert np.array_equal(a, b)
+    assert not np.array_equal(results[0][0], results[1][0])
 
 
 def test_bad_arguments_are_refused():
@@ -162,22 +171,25 @@ def test_bad_arguments_are_refused():
                                cos, sin, 3, hkv)
 
 
-def _ort_gqa(q, k, v, past_k, past_v, seqlens, total, cos, sin, h, hkv, scale, window):
+def _ort_gqa(q, k, v, past_k, past_v, seqlens, total, cos, sin, h, hkv, scale, window, sinks=None):
     import onnxruntime as ort
     from onnx import TensorProto, helper
     f, i32 = TensorProto.FLOAT, TensorProto.INT32
     names = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
              "sin_cache"]
-    node = helper.make_node("GroupQueryAttention", names, ["out", "present_key", "present_value"], domain="com.microsoft",
-                            num_heads=h, kv_num_heads=hkv, scale=scale, do_rotary=1, rotary_interleaved=0,
-                            local_window_size=window)
+    node_inputs = names + (["", "", "head_sink"] if sinks is not None else [])  # position_ids, attention_bias absent
+    node = helper.make_node("GroupQueryAttention", node_inputs, ["out", "present_key", "present_value"],
+                            domain="com.microsoft", num_heads=h, kv_num_heads=hkv, scale=scale, do_rotary=1,
+                            rotary_interleaved=0, local_window_size=window)
+    graph_inputs = names + (["head_sink"] if sinks is not None else [])
     inputs = [helper.make_tensor_value_info(n, i32 if n in ("seqlens_k", "total_sequence_length") else f, None)
-              for n in names]
+              for n in graph_inputs]
     outputs = [helper.make_tensor_value_info(n, f, None) for n in ("out", "present_key", "present_value")]
     model = helper.make_model(helper.make_graph([node], "gqa", inputs, outputs),
                               opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    feed = dict(zip(names, [q, k, v, past_k, past_v, seqlens, np.array(total, np.int32), cos, sin]))
+    values = [q, k, v, past_k, past_v, seqlens, np.array(total, np.int32), cos, sin]
+    feed = dict(zip(graph_inputs, values + ([sinks] if sinks is not None else [])))
     return sess.run(None, feed)
 
 
@@ -209,22 +221,23 @@ def test_close_to_ort_group_query_attention():
         assert np.max(np.abs(a - b)) <= 2e-6 * np.max(np.abs(b))
 
 
-def _fixed_order_session(library: str | None, h, hkv, scale, window):
+def _fixed_order_session(library: str | None, h, hkv, scale, window, sinks: bool = False):
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from custom_ops.functions import DOMAIN, FUNCTIONS
+    from custom_ops.functions import DOMAIN, function_protos
     f, i32 = TensorProto.FLOAT, TensorProto.INT32
     names = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
-             "sin_cache"]
-    node = helper.make_node("GroupQueryAttentionFixedOrder", names, ["out", "present_key", "present_value"],
+             "sin_cache"] + (["head_sink"] if sinks else [])
+    op = "GroupQueryAttentionFixedOrderSinks" if sinks else "GroupQueryAttentionFixedOrder"
+    node = helper.make_node(op, names, ["out", "present_key", "present_value"],
                             domain=DOMAIN, num_heads=h, kv_num_heads=hkv, scale=scale, local_window_size=window)
     inputs = [helper.make_tensor_value_info(n, i32 if n in ("seqlens_k", "total_sequence_length") else f, None)
               for n in names]
     outputs = [helper.make_tensor_value_info(n, f, None) for n in ("out", "present_key", "present_value")]
     model = helper.make_model(helper.make_graph([node], "gqa", inputs, outputs),
                               opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
-                              functions=[FUNCTIONS["GroupQueryAttentionFixedOrder"](21)])
+                              functions=function_protos(op, 21))
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     if library:
@@ -232,14 +245,16 @@ def _fixed_order_session(library: str | None, h, hkv, scale, window):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]), names
 
 
-@pytest.mark.parametrize("window", [-1, 7])
-def test_ort_kernel_and_function_fallback(window):
+@pytest.mark.parametrize("window,with_sinks", [(-1, False), (7, False), (5, True)])
+def test_ort_kernel_and_function_fallback(window, with_sinks):
     """Through ORT: the registered kernel gives the C ABI's bits; without the library ORT runs the op's ONNX function
     (standard ops), within float32 rounding of the kernel and of the float64 model above."""
     from custom_ops import ort_library
     library = str(ort_library.build(fetch=True, log=lambda m: None))
     h, hkv, d = 6, 2, 32
     rng = np.random.default_rng(17 + window)
+    sinks = rng.standard_normal(h).astype(np.float32) if with_sinks else None
+    extra = [sinks] if with_sinks else []
     cos, sin = rope_tables(64, 12)  # partial rotary
     scale = 0.3
     s0 = 21
@@ -248,16 +263,17 @@ def test_ort_kernel_and_function_fallback(window):
     k = rng.standard_normal((2, s0, hkv * d)).astype(np.float32)
     v = rng.standard_normal((2, s0, hkv * d)).astype(np.float32)
     empty = np.zeros((2, hkv, 0, d), np.float32)
-    feeds.append([q, k, v, empty, empty, np.array([s0 - 1] * 2, np.int32), np.array(s0, np.int32), cos, sin])
-    kernel, names = _fixed_order_session(library, h, hkv, scale, window)
-    function, _ = _fixed_order_session(None, h, hkv, scale, window)
+    feeds.append([q, k, v, empty, empty, np.array([s0 - 1] * 2, np.int32), np.array(s0, np.int32), cos, sin] + extra)
+    kernel, names = _fixed_order_session(library, h, hkv, scale, window, with_sinks)
+    function, _ = _fixed_order_session(None, h, hkv, scale, window, with_sinks)
     first = kernel.run(None, dict(zip(names, feeds[0])))
     qn = rng.standard_normal((2, 1, h * d)).astype(np.float32)
     kn = rng.standard_normal((2, 1, hkv * d)).astype(np.float32)
     vn = rng.standard_normal((2, 1, hkv * d)).astype(np.float32)
-    feeds.append([qn, kn, vn, first[1], first[2], np.array([s0] * 2, np.int32), np.array(s0 + 1, np.int32), cos, sin])
+    feeds.append([qn, kn, vn, first[1], first[2], np.array([s0] * 2, np.int32), np.array(s0 + 1, np.int32), cos, sin]
+                 + extra)
     for feed in feeds:
-        ours = native.gqa_fixed_order(*feed[:6], int(feed[6]), cos, sin, h, hkv, scale, window)
+        ours = native.gqa_fixed_order(*feed[:6], int(feed[6]), cos, sin, h, hkv, scale, window, head_sink=sinks)
         by_kernel = kernel.run(None, dict(zip(names, feed)))
         by_function = function.run(None, dict(zip(names, feed)))
         for a, b, c in zip(ours, by_kernel, by_function):
@@ -266,7 +282,7 @@ def test_ort_kernel_and_function_fallback(window):
         past = int(feed[6]) - feed[0].shape[1]
         for bi in range(2):
             ref, _ = reference(feed[0][bi], feed[1][bi], feed[2][bi], feed[3][bi], feed[4][bi], past, cos, sin, h, hkv,
-                               scale, window)
+                               scale, window, sinks)
             assert rel_err(by_kernel[0][bi], ref) <= REL
 
 
@@ -298,3 +314,25 @@ def test_model_logits_the_same_on_every_path(tmp_path, path):
     assert logits[0].shape[1] == 45 and all(np.array_equal(logits[0], x) for x in logits[1:])
     fused = prompt_logits(tmp_path / "fused", ids)
     assert np.max(np.abs(fused - logits[0])) <= 1e-5 * max(1.0, float(np.max(np.abs(fused))))
+
+
+def test_sinks_close_to_ort_group_query_attention_with_head_sink():
+    """GroupQueryAttentionFixedOrderSinks against ORT's GroupQueryAttention with its head_sink input (input 11) on the
+    same inputs, sliding window included: the same semantics, float32 rounding apart."""
+    h, hkv, d = 8, 2, 64
+    rng = np.random.default_rng(23)
+    cos, sin = rope_tables(64, d)
+    s0, scale, window = 33, d ** -0.5, 12
+    q = rng.standard_normal((1, s0, h * d)).astype(np.float32)
+    k = rng.standard_normal((1, s0, hkv * d)).astype(np.float32)
+    v = rng.standard_normal((1, s0, hkv * d)).astype(np.float32)
+    sinks = (rng.standard_normal(h) * 3).astype(np.float32)
+    empty = np.zeros((1, hkv, 0, d), np.float32)
+    seqlens = np.array([s0 - 1], np.int32)
+    ours = native.gqa_fixed_order(q, k, v, empty, empty, seqlens, s0, cos, sin, h, hkv, scale, window, head_sink=sinks)
+    theirs = _ort_gqa(q, k, v, empty, empty, seqlens, s0, cos, sin, h, hkv, scale, window, sinks)
+    for a, b in zip(ours, theirs):
+        assert a.shape == b.shape
+        assert np.max(np.abs(a - b)) <= 2e-6 * np.max(np.abs(b))
+    without = native.gqa_fixed_order(q, k, v, empty, empty, seqlens, s0, cos, sin, h, hkv, scale, window)
+    assert np.max(np.abs(without[0] - ours[0])) > 1e-2 * np.max(np.abs(ours[0]))  # the sinks matter here

@@ -691,23 +691,33 @@ std::vector<QoExpertsOp>& ExpertOps() {
 // present_key / present_value [B, Hkv, max(total, P), D]; attributes num_heads, kv_num_heads, scale (0: 1/sqrt(D)),
 // local_window_size (-1: none). onnxruntime-genai's past_present_share_buffer binds present to past's buffer: the
 // kernel then writes the new rows in place (qo_cpu_attention.c). ----
+// GroupQueryAttentionFixedOrderSinks: the same plus input 9, head_sink float [H] (gpt-oss's sinks: one more softmax
+// column per head, dropped after).
 constexpr const char* kGqaName = "GroupQueryAttentionFixedOrder";
+constexpr const char* kGqaSinksName = "GroupQueryAttentionFixedOrderSinks";
+
+struct GqaOp : OrtCustomOp {
+  bool sinks;
+};
 
 struct GqaKernel {
   int64_t num_heads, kv_heads, window;
   float scale;
+  bool sinks;
 };
 
-const char* ORT_API_CALL GqaOpName(const OrtCustomOp*) { return kGqaName; }
-size_t ORT_API_CALL GqaInputCount(const OrtCustomOp*) { return 9; }
+const char* ORT_API_CALL GqaOpName(const OrtCustomOp* op) {
+  return static_cast<const GqaOp*>(op)->sinks ? kGqaSinksName : kGqaName;
+}
+size_t ORT_API_CALL GqaInputCount(const OrtCustomOp* op) { return static_cast<const GqaOp*>(op)->sinks ? 10 : 9; }
 size_t ORT_API_CALL GqaOutputCount(const OrtCustomOp*) { return 3; }
 
 ONNXTensorElementDataType ORT_API_CALL GqaInputType(const OrtCustomOp*, size_t index) {
   return index == 5 || index == 6 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 }
 
-OrtStatus* ORT_API_CALL GqaCreate(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* info, void** kernel) {
-  GqaKernel k{0, 0, -1, 0.0f};
+OrtStatus* ORT_API_CALL GqaCreate(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** kernel) {
+  GqaKernel k{0, 0, -1, 0.0f, static_cast<const GqaOp*>(op)->sinks};
   QO_RETURN_IF_ERROR(api->KernelInfoGetAttribute_int64(info, "num_heads", &k.num_heads));
   QO_RETURN_IF_ERROR(api->KernelInfoGetAttribute_int64(info, "kv_num_heads", &k.kv_heads));
   if (OrtStatus* absent = api->KernelInfoGetAttribute_float(info, "scale", &k.scale)) {
@@ -732,10 +742,12 @@ void ORT_API_CALL GqaDestroy(void* kernel) { delete static_cast<GqaKernel*>(kern
 
 OrtStatus* ORT_API_CALL GqaCompute(void* kernel, OrtKernelContext* context) {
   const GqaKernel& kk = *static_cast<const GqaKernel*>(kernel);
-  const std::string name = kGqaName;
-  TensorView t[9];
-  const void* data[9] = {};
-  for (size_t i = 0; i < 9; ++i) QO_RETURN_IF_ERROR(Input(context, i, &t[i], &data[i]));
+  const std::string name = kk.sinks ? kGqaSinksName : kGqaName;
+  TensorView t[10];
+  const void* data[10] = {};
+  const size_t inputs = kk.sinks ? 10 : 9;
+  for (size_t i = 0; i < inputs; ++i) QO_RETURN_IF_ERROR(Input(context, i, &t[i], &data[i]));
+  if (kk.sinks && t[9].elements() != kk.num_heads) return Error(name + ": head_sink must be [num_heads]");
   const TensorView &q = t[0], &k = t[1], &v = t[2], &pk = t[3], &pv = t[4], &sl = t[5], &tot = t[6], &cs = t[7],
                    &sn = t[8];
   if (q.shape.size() != 3 || k.shape.size() != 3 || v.shape != k.shape || pk.shape.size() != 4 || pv.shape != pk.shape)
@@ -768,7 +780,8 @@ OrtStatus* ORT_API_CALL GqaCompute(void* kernel, OrtKernelContext* context) {
                                   static_cast<const float*>(data[4]), P, static_cast<float*>(pk_out),
                                   static_cast<float*>(pv_out), T, static_cast<const int32_t*>(data[5]), total,
                                   static_cast<const float*>(data[7]), static_cast<const float*>(data[8]), cs.shape[0],
-                                  cs.shape[1], static_cast<float*>(out_data), B, S, H, Hkv, D, kk.scale, kk.window);
+                                  cs.shape[1], static_cast<float*>(out_data), B, S, H, Hkv, D, kk.scale, kk.window,
+                                  kk.sinks ? static_cast<const float*>(data[9]) : nullptr);
 #endif
   if (status != QO_OK)
     return Error(name + ": kernel failed with status " + std::to_string(status) +
@@ -777,12 +790,17 @@ OrtStatus* ORT_API_CALL GqaCompute(void* kernel, OrtKernelContext* context) {
   return nullptr;
 }
 
-std::vector<OrtCustomOp>& GqaOps() {
-  static std::vector<OrtCustomOp> ops = [] {
-    std::vector<OrtCustomOp> list;
+std::vector<GqaOp>& GqaOps() {
+  static std::vector<GqaOp> ops = [] {
+    std::vector<GqaOp> list;
 #if defined(QO_WITH_CPU)
-    list.push_back(MakeCpuOp({GqaOpName, GqaInputType, GqaInputCount, GqaOutputCount, GqaCreate, GqaCompute,
-                              GqaDestroy}));
+    for (bool sinks : {false, true}) {
+      GqaOp op{};
+      static_cast<OrtCustomOp&>(op) =
+          MakeCpuOp({GqaOpName, GqaInputType, GqaInputCount, GqaOutputCount, GqaCreate, GqaCompute, GqaDestroy});
+      op.sinks = sinks;
+      list.push_back(op);
+    }
 #endif
     return list;
   }();
@@ -805,7 +823,7 @@ extern "C" QO_API OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* o
     QO_RETURN_IF_ERROR(g_api->CreateCustomOpDomain(kDomain, &domain));
     for (QoCustomOp& op : AllOps()) QO_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &op));
     for (QoExpertsOp& op : ExpertOps()) QO_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &op));
-    for (OrtCustomOp& op : GqaOps()) QO_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &op));
+    for (GqaOp& op : GqaOps()) QO_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &op));
   }
   return g_api->AddCustomOpDomain(options, domain);
 }

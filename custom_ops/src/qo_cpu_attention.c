@@ -22,7 +22,8 @@
  *   e_t = qo_exp(score_t - max) (our own exp: a fixed sequence of float32 operations, within 2 ulp of expf;
  *       0 below -87);
  *   sum = the e_t in 8 lanes (the i-th key of the window to lane i mod 8, plain additions in increasing i), folded
- *       as above;
+ *       as above; with sinks (GroupQueryAttentionFixedOrderSinks, gpt-oss) the max also takes the head's sink logit
+ *       and the sum gets qo_exp(sink - max) added last: the sink is a last column of the softmax, dropped after;
  *   out_d = (sum over t of e_t * v_t[d] by fmaf in increasing t, from +0) / sum.
  * Work: first the cache rows (tasks over batch x kv head), then the queries (tasks over batch x head x blocks of
  * 16 queries), through qo_cpu_parallel_for (ORT's intra-op pool under ORT). */
@@ -47,7 +48,7 @@
 #define QA_EXP_MIN -87.0f /* exp below this: 0 (2^-126 and under; the window's largest term is 1) */
 
 typedef struct {
-  const float *q, *k, *v, *past_k, *past_v, *cos_cache, *sin_cache;
+  const float *q, *k, *v, *past_k, *past_v, *cos_cache, *sin_cache, *sink;
   float *present_k, *present_v, *out;
   const int64_t* past_len; /* [B] */
   int64_t B, S, H, Hkv, D, P, T, R, window, query_blocks;
@@ -99,21 +100,28 @@ static inline void qa_rotate(const float* x, const float* c, const float* s, int
   for (int64_t d = 2 * R; d < D; ++d) o[d] = x[d];
 }
 
-/* One query against keys lo..lo+n-1 of one kv head: the output row o[D]. e: n + 8 floats of scratch. */
-static void qa_query_portable(const qa_job* j, const float* q, const float* K, const float* V, int64_t n, float* e,
-                              float* o) {
+/* The softmax's max with the head's sink logit (when the op has sinks), and its sum plus the sink's term: the sink is
+ * one more column of every row, after the keys (transformers' gpt-oss attention). */
+static inline float qa_max_sink(float m, const float* sink) { return sink && *sink > m ? *sink : m; }
+static inline float qa_sum_sink(float sum, float m, const float* sink) { return sink ? sum + qa_exp(*sink - m) : sum; }
+
+/* One query against keys lo..lo+n-1 of one kv head: the output row o[D]. e: n + 8 floats of scratch; sink: the
+ * head's sink logit or NULL. */
+static void qa_query_portable(const qa_job* j, const float* q, const float* K, const float* V, int64_t n,
+                              const float* sink, float* e, float* o) {
   const int64_t D = j->D;
   float m = -INFINITY;
   for (int64_t i = 0; i < n; ++i) {
     e[i] = qa_dot(q, K + i * D, D) * j->scale;
     if (e[i] > m) m = e[i];
   }
+  m = qa_max_sink(m, sink);
   float l[8] = {0};
   for (int64_t i = 0; i < n; ++i) {
     e[i] = qa_exp(e[i] - m);
     l[i & 7] = l[i & 7] + e[i];
   }
-  const float sum = qa_fold8(l);
+  const float sum = qa_sum_sink(qa_fold8(l), m, sink);
   for (int64_t d = 0; d < D; ++d) {
     float acc = 0.0f;
     for (int64_t i = 0; i < n; ++i) acc = fmaf(e[i], V[i * D + d], acc);
@@ -204,8 +212,9 @@ static void qa_scores_avx2(const float* const q[2], int nq, const float* K, int6
     }
 }
 
-/* e[0..n) <- exp(e - max), returns their 8-lane sum (qa_query_portable's). e has room for n rounded up to 8. */
-static float qa_softmax_avx2(float* e, int64_t n) {
+/* e[0..n) <- exp(e - max), returns their 8-lane sum (qa_query_portable's, the sink's term included). e has room for
+ * n rounded up to 8. */
+static float qa_softmax_avx2(float* e, int64_t n, const float* sink) {
   /* the max as the portable loop takes it: vmaxps returns its second operand (the running max) for a NaN */
   __m256 mx = _mm256_set1_ps(-INFINITY);
   int64_t i0 = 0;
@@ -217,6 +226,7 @@ static float qa_softmax_avx2(float* e, int64_t n) {
     if (lanes_max[i] > m) m = lanes_max[i];
   for (int64_t i = i0; i < n; ++i)
     if (e[i] > m) m = e[i];
+  m = qa_max_sink(m, sink);
   const int64_t n8 = (n + 7) & ~(int64_t)7;
   for (int64_t i = n; i < n8; ++i) e[i] = -INFINITY; /* exp -> +0, which leaves a lane unchanged */
   const __m256 mv = _mm256_set1_ps(m);
@@ -226,7 +236,7 @@ static float qa_softmax_avx2(float* e, int64_t n) {
     _mm256_storeu_ps(e + i, x);
     lanes = _mm256_add_ps(lanes, x);
   }
-  return qa_fold8_avx2(lanes);
+  return qa_sum_sink(qa_fold8_avx2(lanes), m, sink);
 }
 
 /* Keys [ta, tb) of one 8w-wide slice [d0, d0 + 8w) of nq (1 or 2) queries' value sums, accumulated into acc[u]
@@ -283,8 +293,8 @@ static void qa_values_avx2(int nq, const float* const e[2], const int64_t lo[2],
  * V from L2 at 256 bytes a key for two queries: 2.4x slower at 2048 tokens). q: the rotated queries; lo / end: their
  * key ranges; scratch: nb rows of e, then nb rows of D accumulators (qa_scratch_floats). */
 static void qa_block_avx2(const qa_job* j, int nb, float* const q[QA_QUERY_BLOCK], const int64_t lo[QA_QUERY_BLOCK],
-                          const int64_t end[QA_QUERY_BLOCK], const float* K, const float* V, float* scratch,
-                          float* const o[QA_QUERY_BLOCK]) {
+                          const int64_t end[QA_QUERY_BLOCK], const float* K, const float* V, const float* sink,
+                          float* scratch, float* const o[QA_QUERY_BLOCK]) {
   const int64_t D = j->D, first = lo[0], last = end[nb - 1], stride = ((last - first + 7) & ~(int64_t)7) + 8;
   const int64_t tile = 4096 / D > 8 ? 4096 / D : 8;
   float* acc = scratch + nb * stride;
@@ -303,7 +313,7 @@ static void qa_block_avx2(const qa_job* j, int nb, float* const q[QA_QUERY_BLOCK
   }
   float sum[QA_QUERY_BLOCK];
   for (int u = 0; u < nb; ++u) {
-    sum[u] = qa_softmax_avx2(e[u], end[u] - lo[u]);
+    sum[u] = qa_softmax_avx2(e[u], end[u] - lo[u], sink);
     memset(acc + u * D, 0, sizeof(float) * (size_t)D);
   }
   for (int64_t ta = first; ta < last; ta += tile) { /* value sums */
@@ -371,6 +381,7 @@ static void qa_query_task(void* data, size_t index) {
   }
   const float* Kh = j->present_k + (b * j->Hkv + g) * j->T * D;
   const float* Vh = j->present_v + (b * j->Hkv + g) * j->T * D;
+  const float* sink = j->sink ? j->sink + h : NULL;
   const int64_t s0 = blk * QA_QUERY_BLOCK, s1 = s0 + QA_QUERY_BLOCK < S ? s0 + QA_QUERY_BLOCK : S;
   const int nb = (int)(s1 - s0);
   float* q[QA_QUERY_BLOCK];
@@ -388,18 +399,20 @@ static void qa_query_task(void* data, size_t index) {
   }
 #if QA_X86
   if (j->path != QO_ISA_PORTABLE) {
-    qa_block_avx2(j, nb, q, lo, end, Kh, Vh, scratch, o);
+    qa_block_avx2(j, nb, q, lo, end, Kh, Vh, sink, scratch, o);
     return;
   }
 #endif
-  for (int u = 0; u < nb; ++u) qa_query_portable(j, q[u], Kh + lo[u] * D, Vh + lo[u] * D, end[u] - lo[u], scratch, o[u]);
+  for (int u = 0; u < nb; ++u)
+    qa_query_portable(j, q[u], Kh + lo[u] * D, Vh + lo[u] * D, end[u] - lo[u], sink, scratch, o[u]);
 }
 
 QO_API int qo_gqa_fixed_order_f32(const float* q, const float* k, const float* v, const float* past_k,
                                   const float* past_v, int64_t P, float* present_k, float* present_v, int64_t T,
                                   const int32_t* seqlens_k, int64_t total_sequence_length, const float* cos_cache,
                                   const float* sin_cache, int64_t max_positions, int64_t R, float* out, int64_t B,
-                                  int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale, int64_t local_window) {
+                                  int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale, int64_t local_window,
+                                  const float* head_sink) {
   if (B < 0 || S < 0 || H <= 0 || Hkv <= 0 || H % Hkv != 0 || D <= 0 || R < 0 || 2 * R > D || P < 0 || T < 0)
     return QO_ERR_ARGUMENT;
   if (B == 0 || S == 0) return QO_OK;
@@ -416,7 +429,7 @@ QO_API int qo_gqa_fixed_order_f32(const float* q, const float* k, const float* v
     }
     past_len[b] = past;
   }
-  qa_job job = {q, k, v, past_k, past_v, cos_cache, sin_cache, present_k, present_v, out, past_len, B, S, H, Hkv, D,
+  qa_job job = {q, k, v, past_k, past_v, cos_cache, sin_cache, head_sink, present_k, present_v, out, past_len, B, S, H, Hkv, D,
                 P, T, R, local_window, (S + QA_QUERY_BLOCK - 1) / QA_QUERY_BLOCK,
                 scale == 0.0f ? 1.0f / sqrtf((float)D) : scale, shared, qo_cpu_isa(), 0};
   if (job.path != QO_ISA_PORTABLE && D % 8 != 0) job.path = QO_ISA_PORTABLE;

@@ -133,12 +133,14 @@ QO_API int qo_matmul_experts_int4_a8_f32(const float* A, const int64_t* expert_i
  * GroupQueryAttentionFixedOrder; semantics and arithmetic in qo_cpu_attention.c). q [B, S, H*D], k / v [B, S, Hkv*D],
  * past_k / past_v [B, Hkv, P, D], present_k / present_v [B, Hkv, T, D] (the past buffers themselves when the
  * caller shares them: then T == P), seqlens_k int32 [B] (total length - 1), cos / sin [max_positions, R] (rotary
- * on the first 2R dims, half split), out [B, S, H*D]; scale 0: 1/sqrt(D); local_window <= 0: none. */
+ * on the first 2R dims, half split), out [B, S, H*D]; scale 0: 1/sqrt(D); local_window <= 0: none; head_sink: each
+ * head's sink logit (one more softmax column, dropped after; GroupQueryAttentionFixedOrderSinks) or NULL. */
 QO_API int qo_gqa_fixed_order_f32(const float* q, const float* k, const float* v, const float* past_k,
                                   const float* past_v, int64_t P, float* present_k, float* present_v, int64_t T,
                                   const int32_t* seqlens_k, int64_t total_sequence_length, const float* cos_cache,
                                   const float* sin_cache, int64_t max_positions, int64_t R, float* out, int64_t B,
-                                  int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale, int64_t local_window);
+                                  int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale, int64_t local_window,
+                                  const float* head_sink /* [H] or NULL */);
 
 /* ---- CPU parallel loop (not exported: for the ORT layer in the same library). By default the CPU kernels split
  * their work with OpenMP; a runner set on the calling thread replaces that, e.g. with ORT's intra-op thread pool
