@@ -525,6 +525,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--only", default=",".join(SCHEMES))
     ap.add_argument("--keep", action="store_true", help="keep the exports and outputs")
+    ap.add_argument("--form", action="append", default=[], metavar="NAME=OPTION[;OPTION]",
+                    help="one more form of each row: the compact form's options plus these --extra_options "
+                         "(e.g. fused=attention=fused), timed in the same rounds")
     ap.add_argument("--max_gib", type=float, default=8.0,
                     help="address-space limit of each og run (GiB; 0: none); a run past it is reported, not made")
     ap.add_argument("--results", default="real_size",
@@ -553,6 +556,9 @@ def main(argv=None) -> int:
                  baseline_form(scheme): (work / f"{scheme}_dense", ["custom_ops_library=none"])}
         if a.no_dense:
             del forms[baseline_form(scheme)]
+        for spec in a.form:
+            name, _, options = spec.partition("=")
+            forms[name] = (work / f"{scheme}_{name}", COMPACT_OPTION[kind] + options.split(";"))
         if kind == "uint4" and "arch" in shape and not a.no_dense:  # QMoE (with the library) vs the default experts op
             forms[INT4_EXPERTS_FORM] = (work / f"{scheme}_qmoe", ["int4_experts=qmoe"])
             # accuracy_level 4 (int8 activations in the experts op and the dense linears; the default is 1: exact)
