@@ -193,29 +193,35 @@ def _ort_gqa(q, k, v, past_k, past_v, seqlens, total, cos, sin, h, hkv, scale, w
     return sess.run(None, feed)
 
 
-def test_close_to_ort_group_query_attention():
-    """The op is a drop-in for GroupQueryAttention: ORT's own kernel on the same inputs gives the same outputs up to
-    float32 rounding (its MLAS softmax and GEMM sum in other orders)."""
+@pytest.mark.parametrize("with_sinks", [False, True], ids=["plain", "sinks"])
+def test_close_to_ort_group_query_attention(with_sinks):
+    """The op is a drop-in for GroupQueryAttention: ORT's own kernel on the same inputs (with sinks: its head_sink
+    input, input 11, against GroupQueryAttentionFixedOrderSinks) gives the same outputs up to float32 rounding (its
+    MLAS softmax and GEMM sum in other orders), for a prompt and a decode step, sliding window included."""
     h, hkv, d = 8, 2, 64
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(23 if with_sinks else 3)
     cos, sin = rope_tables(64, d)
-    s0, scale, window = 29, d ** -0.5, 16
+    s0, scale, window = 29, d ** -0.5, 12 if with_sinks else 16
     q = rng.standard_normal((1, s0, h * d)).astype(np.float32)
     k = rng.standard_normal((1, s0, hkv * d)).astype(np.float32)
     v = rng.standard_normal((1, s0, hkv * d)).astype(np.float32)
+    sinks = (rng.standard_normal(h) * 3).astype(np.float32) if with_sinks else None
     empty = np.zeros((1, hkv, 0, d), np.float32)
     seqlens = np.array([s0 - 1], np.int32)
-    ours = native.gqa_fixed_order(q, k, v, empty, empty, seqlens, s0, cos, sin, h, hkv, scale, window)
-    theirs = _ort_gqa(q, k, v, empty, empty, seqlens, s0, cos, sin, h, hkv, scale, window)
+    ours = native.gqa_fixed_order(q, k, v, empty, empty, seqlens, s0, cos, sin, h, hkv, scale, window, head_sink=sinks)
+    theirs = _ort_gqa(q, k, v, empty, empty, seqlens, s0, cos, sin, h, hkv, scale, window, sinks)
     for a, b in zip(ours, theirs):
         assert a.shape == b.shape
         assert np.max(np.abs(a - b)) <= 2e-6 * np.max(np.abs(b))
+    if with_sinks:
+        without = native.gqa_fixed_order(q, k, v, empty, empty, seqlens, s0, cos, sin, h, hkv, scale, window)
+        assert np.max(np.abs(without[0] - ours[0])) > 1e-2 * np.max(np.abs(ours[0]))  # the sinks matter here
     qn = rng.standard_normal((1, 1, h * d)).astype(np.float32)
     kn = rng.standard_normal((1, 1, hkv * d)).astype(np.float32)
     vn = rng.standard_normal((1, 1, hkv * d)).astype(np.float32)
     step = [np.array([s0], np.int32), s0 + 1, cos, sin, h, hkv, scale, window]
-    ours = native.gqa_fixed_order(qn, kn, vn, theirs[1], theirs[2], *step)
-    theirs = _ort_gqa(qn, kn, vn, theirs[1], theirs[2], *step)
+    ours = native.gqa_fixed_order(qn, kn, vn, theirs[1], theirs[2], *step, head_sink=sinks)
+    theirs = _ort_gqa(qn, kn, vn, theirs[1], theirs[2], *step, sinks)
     for a, b in zip(ours, theirs):
         assert a.shape == b.shape
         assert np.max(np.abs(a - b)) <= 2e-6 * np.max(np.abs(b))
@@ -315,24 +321,3 @@ def test_model_logits_the_same_on_every_path(tmp_path, path):
     fused = prompt_logits(tmp_path / "fused", ids)
     assert np.max(np.abs(fused - logits[0])) <= 1e-5 * max(1.0, float(np.max(np.abs(fused))))
 
-
-def test_sinks_close_to_ort_group_query_attention_with_head_sink():
-    """GroupQueryAttentionFixedOrderSinks against ORT's GroupQueryAttention with its head_sink input (input 11) on the
-    same inputs, sliding window included: the same semantics, float32 rounding apart."""
-    h, hkv, d = 8, 2, 64
-    rng = np.random.default_rng(23)
-    cos, sin = rope_tables(64, d)
-    s0, scale, window = 33, d ** -0.5, 12
-    q = rng.standard_normal((1, s0, h * d)).astype(np.float32)
-    k = rng.standard_normal((1, s0, hkv * d)).astype(np.float32)
-    v = rng.standard_normal((1, s0, hkv * d)).astype(np.float32)
-    sinks = (rng.standard_normal(h) * 3).astype(np.float32)
-    empty = np.zeros((1, hkv, 0, d), np.float32)
-    seqlens = np.array([s0 - 1], np.int32)
-    ours = native.gqa_fixed_order(q, k, v, empty, empty, seqlens, s0, cos, sin, h, hkv, scale, window, head_sink=sinks)
-    theirs = _ort_gqa(q, k, v, empty, empty, seqlens, s0, cos, sin, h, hkv, scale, window, sinks)
-    for a, b in zip(ours, theirs):
-        assert a.shape == b.shape
-        assert np.max(np.abs(a - b)) <= 2e-6 * np.max(np.abs(b))
-    without = native.gqa_fixed_order(q, k, v, empty, empty, seqlens, s0, cos, sin, h, hkv, scale, window)
-    assert np.max(np.abs(without[0] - ours[0])) > 1e-2 * np.max(np.abs(ours[0]))  # the sinks matter here
