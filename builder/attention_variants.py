@@ -321,24 +321,28 @@ FIXED_ORDER_NOTE = ("com.quark_onnx GroupQueryAttentionFixedOrder (GroupQueryAtt
                     "for GroupQueryAttention); genai past_present_share_buffer=true")
 
 
+def _fixed_order_parts(family):
+    """(head_norms, layer_sinks) a family puts around plain GroupQueryAttention (Qwen3's per-head norms in front,
+    gpt-oss's sinks as an input; None where it has neither), or None for a family with an attention of its own."""
+    from .arch import gpt_oss, llama, qwen3
+    return {llama.default_attention: (None, None), qwen3.default_attention: (qwen3.head_norms, None),
+            gpt_oss.default_attention: (None, gpt_oss.layer_sinks)}.get(family.default_attention)
+
+
 def fixed_order_unsupported(model_plan, need_kernel: bool = True) -> str | None:
     """None when GroupQueryAttentionFixedOrder can run this model's attention (need_kernel: through the custom-op
     library's kernel, not only its ONNX function), else why not."""
-    from custom_ops.functions import FUNCTIONS  # noqa: F401  (the op's fallback must exist too)
-
-    from .arch import gpt_oss, llama, qwen3
     from .custom_ops_library import OP_SYMBOLS, exported_kernels
     from .ops.attention_fixed_order import OP
     if model_plan.ep.name != "cpu":
         return f"its kernel is a CPU kernel, the EP is {model_plan.ep.name}"
     if model_plan.io != "fp32":
         return f"its kernel takes float32, the io is {model_plan.io}"
-    if model_plan.family.default_attention not in (llama.default_attention, qwen3.default_attention,
-                                                    gpt_oss.default_attention):
+    if _fixed_order_parts(model_plan.family) is None:
         return f"{getattr(model_plan.family, '__name__', 'this family').rsplit('.', 1)[-1]} has its own attention"
-    library = model_plan.options.custom_ops_library
     if not need_kernel:
         return None
+    library = model_plan.options.custom_ops_library
     if not library:
         return "no custom-op library in use (a float model, custom_ops_library=none, or none could be built)"
     if OP_SYMBOLS[OP] not in exported_kernels(str(library)):
@@ -362,14 +366,8 @@ def fixed_order_chosen(model_plan) -> bool:
 def _fixed_order(model_plan, scales: list[LayerScales] | None = None):
     """GroupQueryAttentionFixedOrder, after QDQ(k), QDQ(v) (FP8 KV cache scales) and the family's head norms (Qwen3);
     with the layer's sinks (gpt-oss) GroupQueryAttentionFixedOrderSinks."""
-    from .arch import gpt_oss, llama
     from .ops.attention_fixed_order import fixed_order_attention
-    family = model_plan.family
-    head_norms = getattr(family, "head_norms", None) if family.default_attention is not llama.default_attention \
-        else None
-    sinks_of = (lambda ctx, i: ctx.float_initializer(f"model.layers.{i}.{gpt_oss.SINKS}",
-                                                     f"model.layers.{i}.{gpt_oss.SINKS}")) \
-        if family.default_attention is gpt_oss.default_attention else None
+    head_norms, layer_sinks = _fixed_order_parts(model_plan.family)
     model_plan.search_extras["past_present_share_buffer"] = True
 
     def attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp):
@@ -382,7 +380,7 @@ def _fixed_order(model_plan, scales: list[LayerScales] | None = None):
         if head_norms is not None:
             q, k = head_norms(ctx, i, q, k, hp)
         return fixed_order_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp,
-                                     sinks=sinks_of(ctx, i) if sinks_of else None)
+                                     sinks=layer_sinks(ctx, i) if layer_sinks else None)
     return attention
 
 

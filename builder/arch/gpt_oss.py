@@ -131,14 +131,18 @@ def plan_notes(model_plan) -> list[str]:
                                    for i in range(hp.num_layers)}, biases=True)]
 
 
+def layer_sinks(ctx, i: int) -> str:
+    """Layer i's sink logits [H] as a float initializer (GroupQueryAttention's head_sink input)."""
+    return ctx.float_initializer(f"model.layers.{i}.{SINKS}", f"model.layers.{i}.{SINKS}")
+
+
 def default_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp) -> str:
     """GroupQueryAttention with the layer's sinks as head_sink (input 11, after position_ids and attention_bias);
     on an EP whose GroupQueryAttention has no head_sink (MIGraphX), the explicit subgraph of ops/sink_attention.py."""
     if not ctx.ep.gqa_head_sink:
         return _SINK_ATTENTION(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp)
-    sinks = ctx.float_initializer(f"model.layers.{i}.{SINKS}", f"model.layers.{i}.{SINKS}")
     return llama.default_attention(ctx, i, q, k, v, past_k, past_v, present_k, present_v, shared, hp,
-                                   extra_inputs=["", "", sinks])
+                                   extra_inputs=["", "", layer_sinks(ctx, i)])
 
 
 _SINK_ATTENTION = SinkAttention(lambda i: f"model.layers.{i}.{SINKS}")

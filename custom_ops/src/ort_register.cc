@@ -729,7 +729,7 @@ OrtStatus* ORT_API_CALL GqaCreate(const OrtCustomOp* op, const OrtApi* api, cons
     k.window = -1;
   }
   if (k.num_heads <= 0 || k.kv_heads <= 0 || k.num_heads % k.kv_heads != 0)
-    return api->CreateStatus(ORT_INVALID_ARGUMENT, (std::string(kDomain) + ": " + kGqaName + ": num_heads " +
+    return api->CreateStatus(ORT_INVALID_ARGUMENT, (std::string(kDomain) + ": " + GqaOpName(op) + ": num_heads " +
                                                     std::to_string(k.num_heads) + " must be a positive multiple of "
                                                     "kv_num_heads " + std::to_string(k.kv_heads)).c_str());
   GqaKernel* made = new (std::nothrow) GqaKernel(k);
@@ -758,7 +758,8 @@ OrtStatus* ORT_API_CALL GqaCompute(void* kernel, OrtKernelContext* context) {
   if (k.shape[0] != B || k.shape[1] != S || k.shape[2] != Hkv * D || pk.shape[0] != B || pk.shape[1] != Hkv ||
       pk.shape[3] != D)
     return Error(name + ": key / value [B, S, kv_num_heads * D] and past [B, kv_num_heads, P, D] must match query");
-  if (sl.elements() != B || tot.elements() != 1) return Error(name + ": seqlens_k must be [B], total_sequence_length a scalar");
+  if (sl.elements() != B || tot.elements() != 1)
+    return Error(name + ": seqlens_k must be [B], total_sequence_length a scalar");
   if (cs.shape.size() != 2 || sn.shape != cs.shape || 2 * cs.shape[1] > D)
     return Error(name + ": cos_cache / sin_cache must be [max_positions, R] with 2R <= head size");
   const int64_t total = *static_cast<const int32_t*>(data[6]), P = pk.shape[2];

@@ -58,11 +58,6 @@ typedef struct {
 } qa_job;
 
 /* ---------------- the arithmetic, portable ---------------- */
-static inline float qa_fold8(const float l[8]) {
-  const float s0 = l[0] + l[4], s1 = l[1] + l[5], s2 = l[2] + l[6], s3 = l[3] + l[7];
-  return (s0 + s2) + (s1 + s3);
-}
-
 /* exp(x) for x <= 0: n = round(x / ln 2) (by the 1.5 * 2^23 addition), r = x - n ln 2 in two fmaf steps, the degree-7
  * Taylor polynomial of e^r (|r| <= 0.35: truncation 5e-9 relative) by fmaf, times 2^n (n >= -126: a normal). */
 #define QA_LOG2E 1.44269502f
@@ -86,7 +81,7 @@ static inline float qa_exp(float x) {
 static inline float qa_dot(const float* a, const float* b, int64_t D) {
   float l[8] = {0};
   for (int64_t d = 0; d < D; ++d) l[d & 7] = fmaf(a[d], b[d], l[d & 7]);
-  return qa_fold8(l);
+  return qo_fold8(l);
 }
 
 /* o = x rotated to position row (cos / sin rows of R floats). */
@@ -121,7 +116,7 @@ static void qa_query_portable(const qa_job* j, const float* q, const float* K, c
     e[i] = qa_exp(e[i] - m);
     l[i & 7] = l[i & 7] + e[i];
   }
-  const float sum = qa_sum_sink(qa_fold8(l), m, sink);
+  const float sum = qa_sum_sink(qo_fold8(l), m, sink);
   for (int64_t d = 0; d < D; ++d) {
     float acc = 0.0f;
     for (int64_t i = 0; i < n; ++i) acc = fmaf(e[i], V[i * D + d], acc);
@@ -132,12 +127,6 @@ static void qa_query_portable(const qa_job* j, const float* q, const float* K, c
 /* ---------------- AVX2 + FMA (the same operations, 8 at a time) ---------------- */
 #if QA_X86
 QO_TARGET_BEGIN("avx2,fma")
-
-static inline float qa_fold8_avx2(__m256 x) { /* (s0 + s2) + (s1 + s3), s_i = l_i + l_(i+4) */
-  __m128 v = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-  return _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)));
-}
 
 static inline __m256 qa_exp_avx2(__m256 x) {
   const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(QA_EXP_MIN), _CMP_GE_OQ);
@@ -152,7 +141,7 @@ static inline __m256 qa_exp_avx2(__m256 x) {
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
 }
 
-/* The fold of eight 8-lane accumulators at once, each exactly as qa_fold8 (lo + hi, then (s0 + s2) + (s1 + s3)):
+/* The fold of eight 8-lane accumulators at once, each exactly as qo_fold8 (lo + hi, then (s0 + s2) + (s1 + s3)):
  * r = [a0, a2, a4, a6 | a1, a3, a5, a7]. */
 static inline __m256 qa_fold8x8_avx2(const __m256 a[8]) {
   __m256 w[4];
@@ -208,7 +197,7 @@ static void qa_scores_avx2(const float* const q[2], int nq, const float* K, int6
     for (int u = 0; u < nq; ++u) {
       __m256 a = _mm256_setzero_ps();
       for (int64_t d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q[u] + d), _mm256_loadu_ps(K + t * D + d), a);
-      e[u][t] = qa_fold8_avx2(a) * scale;
+      e[u][t] = qo_fold8_avx2(a) * scale;
     }
 }
 
@@ -236,7 +225,7 @@ static float qa_softmax_avx2(float* e, int64_t n, const float* sink) {
     _mm256_storeu_ps(e + i, x);
     lanes = _mm256_add_ps(lanes, x);
   }
-  return qa_sum_sink(qa_fold8_avx2(lanes), m, sink);
+  return qa_sum_sink(qo_fold8_avx2(lanes), m, sink);
 }
 
 /* Keys [ta, tb) of one 8w-wide slice [d0, d0 + 8w) of nq (1 or 2) queries' value sums, accumulated into acc[u]
@@ -363,13 +352,13 @@ static void qa_cache_task(void* data, size_t index) {
 static QO_THREAD_LOCAL float* tls_scratch = NULL;
 static QO_THREAD_LOCAL size_t tls_scratch_floats = 0;
 
-/* Queries of (b, head, block of QA_QUERY_BLOCK). */
 /* Scratch floats of a query task: nb rows of e (the block's key span rounded up, + 8), nb rows of D accumulators and
  * nb rotated queries. */
 static size_t qa_scratch_floats(const qa_job* j) {
   return (size_t)(QA_QUERY_BLOCK * (j->T + QA_QUERY_BLOCK + 16) + 2 * QA_QUERY_BLOCK * j->D);
 }
 
+/* Queries of (b, head, block of QA_QUERY_BLOCK). */
 static void qa_query_task(void* data, size_t index) {
   const qa_job* j = (const qa_job*)data;
   const int64_t blk = (int64_t)index % j->query_blocks, bh = (int64_t)index / j->query_blocks;
@@ -430,8 +419,8 @@ QO_API int qo_gqa_fixed_order_f32(const float* q, const float* k, const float* v
     }
     past_len[b] = past;
   }
-  qa_job job = {q, k, v, past_k, past_v, cos_cache, sin_cache, head_sink, present_k, present_v, out, past_len, B, S, H, Hkv, D,
-                P, T, R, local_window, (S + QA_QUERY_BLOCK - 1) / QA_QUERY_BLOCK,
+  qa_job job = {q, k, v, past_k, past_v, cos_cache, sin_cache, head_sink, present_k, present_v, out, past_len,
+                B, S, H, Hkv, D, P, T, R, local_window, (S + QA_QUERY_BLOCK - 1) / QA_QUERY_BLOCK,
                 scale == 0.0f ? 1.0f / sqrtf((float)D) : scale, shared, qo_cpu_isa(), 0};
   if (job.path != QO_ISA_PORTABLE && D % 8 != 0) job.path = QO_ISA_PORTABLE;
   int status = qo_cpu_parallel_for(qa_cache_task, (size_t)(B * Hkv), &job);

@@ -188,16 +188,10 @@ static void panel_task(i4_job* j, int64_t n0, int64_t n1) {
 /* ================= AVX2 + FMA ================= */
 QO_TARGET_BEGIN("avx2,fma")
 
-/* the fold on vectors (lane for lane the same additions as fold32) */
-static inline __m128 fold8_avx2(__m256 x) { /* x[p] (p < 8) -> x[0..3] + x[4..7] -> ... -> lane 0 */
-  __m128 v = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-  return _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
-}
-
+/* the fold on vectors, lane for lane the same additions as fold32: its last three halvings of the 8 even (odd) sums
+ * are qo_fold8's tree */
 static inline float fold_avx2(__m256 e0, __m256 e1, __m256 o0, __m256 o1) {
-  const __m128 e = fold8_avx2(_mm256_add_ps(e0, e1)), o = fold8_avx2(_mm256_add_ps(o0, o1));
-  return _mm_cvtss_f32(_mm_add_ss(e, o));
+  return qo_fold8_avx2(_mm256_add_ps(e0, e1)) + qo_fold8_avx2(_mm256_add_ps(o0, o1));
 }
 
 /* 32 elements of one row (16 bytes) -> [e0 e1 | o0 o1], exact: (float)(q - z) * s, q - z taken on bytes (zb: z in
@@ -274,7 +268,7 @@ QO_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
 static inline float fold_avx512(__m512 e, __m512 o) {
   const __m256 e8 = _mm256_add_ps(_mm512_castps512_ps256(e), _mm512_extractf32x8_ps(e, 1));
   const __m256 o8 = _mm256_add_ps(_mm512_castps512_ps256(o), _mm512_extractf32x8_ps(o, 1));
-  return _mm_cvtss_f32(_mm_add_ss(fold8_avx2(e8), fold8_avx2(o8)));
+  return qo_fold8_avx2(e8) + qo_fold8_avx2(o8);
 }
 
 /* (c - z) for c < 16, one 64-byte row per zero point z < 16 (exact small integers): a group's table is row z times

@@ -187,9 +187,7 @@ static inline float finish(const float lanes_in[QO_LANES], const float* a_tail, 
   float l[QO_LANES];
   memcpy(l, lanes_in, sizeof l);
   for (int j = 0; j < t; ++j) l[j] = fmaf(a_tail[j], w_tail[j], l[j]);
-  const float s0 = l[0] + l[4], s1 = l[1] + l[5], s2 = l[2] + l[6], s3 = l[3] + l[7];
-  const float t0 = s0 + s2, t1 = s1 + s3;
-  return (t0 + t1) * scale;
+  return qo_fold8(l) * scale;
 }
 
 typedef struct {
@@ -389,7 +387,7 @@ QO_INLINE float mxi_scale(int s, int32_t eb) { return qo_bits_to_f32((uint32_t)(
 QO_INLINE float mxi_fold16(const float l[16]) {
   float s[QO_LANES];
   for (int i = 0; i < QO_LANES; ++i) s[i] = l[i] + l[i + QO_LANES];
-  return finish(s, NULL, NULL, 0, 1.0f);
+  return qo_fold8(s);
 }
 
 /* One output, portable C: the order above, P as a plain integer sum. */
@@ -530,11 +528,7 @@ QO_INLINE void avx_dec32_fp4(const int fmt, const uint32_t* lut8, const uint8_t*
 
 /* finish() for K % 8 == 0 with the same three additions in the same order: (l_j + l_j+4), then (s0 + s2, s1 + s3),
  * then t0 + t1; then the scale. */
-QO_INLINE float avx_fold_scale(__m256 v, float scale) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1))) * scale;
-}
+QO_INLINE float avx_fold_scale(__m256 v, float scale) { return qo_fold8_avx2(v) * scale; }
 
 /* GEMV tile: mr activation rows (all of M) x nr weight rows starting at n, straight from the compact weight. */
 QO_INLINE void avx_gemv_tile(const int fmt, const int mr, const int nr, qo_job* job, int64_t n) {

@@ -7,6 +7,7 @@
  * never picked), and QO_ISA_PORTABLE while the caller's MXCSR has DAZ set (denormal inputs would be flushed).
  * Every path must give the same bits (the fixed summation order of qo_cpu_kernels.c's header comment).
  *
+ * qo_fold8 (and qo_fold8_avx2) is the 8-lane fold of qo_kernels.h's summation order.
  * The qoz_* helpers carry their own target attribute, so a file can include this header without pragmas; they
  * inline into functions compiled for AVX-512 (F/BW/VL/DQ) only. Each decodes exactly (no rounding):
  *   qoz_join(lo, hi)            two 8-float vectors as one zmm [lo | hi]
@@ -57,6 +58,13 @@ static inline int qo_round_even_clamp(float v, int lo, int hi) {
   return r;
 }
 
+/* The fold every 8-lane sum of the CPU kernels ends in (qo_kernels.h): ((l0 + l4) + (l2 + l6)) + ((l1 + l5) +
+ * (l3 + l7)); qo_fold8_avx2 below does the same three additions on a vector. */
+static inline float qo_fold8(const float l[8]) {
+  const float s0 = l[0] + l[4], s1 = l[1] + l[5], s2 = l[2] + l[6], s3 = l[3] + l[7];
+  return (s0 + s2) + (s1 + s3);
+}
+
 #if defined(_MSC_VER)
 #define QO_THREAD_LOCAL __declspec(thread)
 #else
@@ -87,6 +95,13 @@ static inline void* qo_align64(void* p) { return (void*)(((uintptr_t)p + 63) & ~
 
 #define QOZ_INLINE \
   static inline __attribute__((always_inline, target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+
+/* qo_fold8 on an 8-float vector: (l_j + l_j+4), then (s0 + s2, s1 + s3), then t0 + t1. */
+static inline __attribute__((always_inline, target("avx2,fma"))) float qo_fold8_avx2(__m256 x) {
+  __m128 v = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  return _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)));
+}
 
 QOZ_INLINE __m512 qoz_join(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
 
