@@ -113,6 +113,37 @@ def MatMulNvfp4(A, B: UINT8[...], B_scale: FLOAT8E4M3FN[...], B_scale_2: FLOAT[.
     return Y
 
 
+SHAPE_TILE_ROWS = _ints("shape_tile_rows", [0, 0, 16, 4])
+FOUR_1D = _ints("four_1d", [4])
+
+
+@script(quark_onnx)
+def MatMulMxfp4R16(A, B: UINT8[...], B_scale: UINT8[...], K: int, N: int):
+    """MatMulMxfp4 on the weight in 16-row tiles (custom_ops/fp4_r16.py): B uint8 [N/16, K/8, 64], B_scale uint8
+    [N/16, K/32, 16], put back to the checkpoint's [N, K/2] / [N, K/32], then MatMulMxfp4's arithmetic."""
+    minus_one = op.Constant(value=MINUS_ONE_1D)
+    tiles = op.Transpose(op.Reshape(B, op.Constant(value=SHAPE_TILE_ROWS)), perm=[0, 2, 1, 3])  # [N/16, 16, K/8, 4]
+    half_k = op.Mul(op.Shape(B, start=1, end=2), op.Constant(value=FOUR_1D))
+    b_rows = op.Reshape(tiles, op.Concat(minus_one, half_k, axis=0))                             # [N, K/2]
+    s_rows = op.Reshape(op.Transpose(B_scale, perm=[0, 2, 1]),
+                        op.Concat(minus_one, op.Shape(B_scale, start=1, end=2), axis=0))         # [N, K/32]
+    Y = quark_onnx.MatMulMxfp4(A, b_rows, s_rows, K=K, N=N)
+    return Y
+
+
+@script(quark_onnx)
+def MatMulNvfp4R16(A, B: UINT8[...], B_scale: FLOAT8E4M3FN[...], B_scale_2: FLOAT[...], K: int, N: int):
+    """MatMulNvfp4 on the weight in 16-row tiles: B uint8 [N/16, K/8, 64], B_scale e4m3fn [N/16, K/16, 16]."""
+    minus_one = op.Constant(value=MINUS_ONE_1D)
+    tiles = op.Transpose(op.Reshape(B, op.Constant(value=SHAPE_TILE_ROWS)), perm=[0, 2, 1, 3])
+    half_k = op.Mul(op.Shape(B, start=1, end=2), op.Constant(value=FOUR_1D))
+    b_rows = op.Reshape(tiles, op.Concat(minus_one, half_k, axis=0))
+    s_rows = op.Reshape(op.Transpose(B_scale, perm=[0, 2, 1]),
+                        op.Concat(minus_one, op.Shape(B_scale, start=1, end=2), axis=0))
+    Y = quark_onnx.MatMulNvfp4(A, b_rows, s_rows, B_scale_2, K=K, N=N)
+    return Y
+
+
 @script(quark_onnx)
 def MatMulFp8W8A8(A, B: FLOAT8E4M3FN[...], B_scale: FLOAT[...], A_scale: FLOAT[...]):
     """Y = (a_q * A_scale) @ (float32(B) * B_scale)^T with a_q = QuantizeLinear(float32(A), A_scale, e4m3fn,
@@ -498,7 +529,7 @@ def GroupQueryAttentionFixedOrderSinks(query: FLOAT[...], key: FLOAT[...], value
 
 BODIES = {fn.name: fn for fn in (MatMulUint4, MatMulInt4, MatMulMxfp4, MatMulFp8W8A8, MatMulFp8W8A8Dyn, MatMulBf16, MatMulFp8, MatMulInt8,
                                  MatMulInt8W8A8,
-                                 MatMulNvfp4, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
+                                 MatMulNvfp4, MatMulMxfp4R16, MatMulNvfp4R16, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
                                  MatMulExpertsInt8, MatMulExpertsUint4, MatMulExpertsInt4,
                                  GroupQueryAttentionFixedOrder, GroupQueryAttentionFixedOrderSinks, GqaFixedOrderScores,
                                  Int8BlockActivations)}

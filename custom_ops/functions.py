@@ -91,6 +91,9 @@ FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
     "MatMulInt8": matmul_int8_function,
     "MatMulInt8W8A8": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulInt8W8A8", opset),
     "MatMulNvfp4": matmul_nvfp4_function,
+    # the same weights in 16-row tiles (qo_cpu_fp4_r16.c; custom_ops/fp4_r16.py)
+    "MatMulMxfp4R16": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulMxfp4R16", opset),
+    "MatMulNvfp4R16": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulNvfp4R16", opset),
     # routed experts (qo_cpu_experts.c): the chosen experts' stacked weights read in place
     "MatMulExpertsMxfp4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsMxfp4", opset),
     "MatMulExpertsNvfp4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsNvfp4", opset),
@@ -106,10 +109,13 @@ FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
 }
 # Functions the bodies above call (not ops of their own: attached with the op that uses them).
 HELPERS: dict[str, Callable[..., onnx.FunctionProto]] = {
+    "MatMulMxfp4": matmul_mxfp4_function,
+    "MatMulNvfp4": matmul_nvfp4_function,
     "Int8BlockActivations": lambda opset=DEFAULT_ONNX_OPSET: function_proto("Int8BlockActivations", opset),
     "GqaFixedOrderScores": lambda opset=DEFAULT_ONNX_OPSET: function_proto("GqaFixedOrderScores", opset),
 }
-HELPERS_USED = {"MatMulExpertsUint4": ("Int8BlockActivations",), "MatMulExpertsInt4": ("Int8BlockActivations",),
+HELPERS_USED = {"MatMulMxfp4R16": ("MatMulMxfp4",), "MatMulNvfp4R16": ("MatMulNvfp4",),
+                "MatMulExpertsUint4": ("Int8BlockActivations",), "MatMulExpertsInt4": ("Int8BlockActivations",),
                 "GroupQueryAttentionFixedOrder": ("GqaFixedOrderScores",),
                 "GroupQueryAttentionFixedOrderSinks": ("GqaFixedOrderScores",)}
 
@@ -128,6 +134,8 @@ OP_INPUTS = {
     "MatMulInt8": ("A", "B", "B_scale"),
     "MatMulInt8W8A8": ("A", "B", "B_scale", "A_scale"),
     "MatMulNvfp4": ("A", "B", "B_scale", "B_scale_2"),
+    "MatMulMxfp4R16": ("A", "B", "B_scale"),
+    "MatMulNvfp4R16": ("A", "B", "B_scale", "B_scale_2"),
     "MatMulExpertsMxfp4": ("A", "expert_ids", "B", "B_scale"),
     "MatMulExpertsNvfp4": ("A", "expert_ids", "B", "B_scale", "B_scale_2"),
     "MatMulExpertsFp8": ("A", "expert_ids", "B", "B_scale"),
@@ -150,6 +158,8 @@ OP_REQUIRED_ATTRIBUTES = {
     "MatMulInt8": (),
     "MatMulInt8W8A8": (),
     "MatMulNvfp4": ("K", "N"),
+    "MatMulMxfp4R16": ("K", "N"),
+    "MatMulNvfp4R16": ("K", "N"),
     "MatMulExpertsMxfp4": (),
     "MatMulExpertsNvfp4": (),
     "MatMulExpertsFp8": (),
@@ -194,6 +204,9 @@ def make_node(op_type: str, inputs, outputs, name: str | None = None, **attribut
             raise ValueError(f"{op_type} attribute {key} must be a positive int, got {value!r}")
     if op_type == "MatMulMxfp4" and attributes["K"] % MXFP4_BLOCK_SIZE:
         raise ValueError(f"MatMulMxfp4 K={attributes['K']} must be a multiple of {MXFP4_BLOCK_SIZE}")
+    if op_type in ("MatMulMxfp4R16", "MatMulNvfp4R16") and (attributes["N"] % 16 or attributes["K"] % (
+            MXFP4_BLOCK_SIZE if op_type == "MatMulMxfp4R16" else NVFP4_BLOCK_SIZE)):
+        raise ValueError(f"{op_type} N={attributes['N']} must be a multiple of 16 and K={attributes['K']} of the block")
     if op_type == "MatMulNvfp4" and attributes["K"] % NVFP4_BLOCK_SIZE:
         raise ValueError(f"MatMulNvfp4 K={attributes['K']} must be a multiple of {NVFP4_BLOCK_SIZE}")
     return helper.make_node(op_type, list(inputs), list(outputs), name=name, domain=DOMAIN,

@@ -38,7 +38,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_DIR = PACKAGE_DIR / "src"
 BUILD_DIR = PACKAGE_DIR / "build" / "cpu"
 LIBRARY_NAME = "quark_onnx_ops"
-CPU_SOURCES = ("qo_cpu_kernels.c", "qo_cpu_experts.c", "qo_cpu_int4.c", "qo_cpu_int4_panel.c", "qo_cpu_int4_a8.c", "qo_cpu_int8_w8a8.c", "qo_cpu_attention.c", "qo_version.c")
+CPU_SOURCES = ("qo_cpu_kernels.c", "qo_cpu_experts.c", "qo_cpu_int4.c", "qo_cpu_int4_panel.c", "qo_cpu_int4_a8.c", "qo_cpu_int8_w8a8.c", "qo_cpu_attention.c", "qo_cpu_fp4_r16.c", "qo_version.c")
 HEADERS = ("qo_fp_formats.h", "qo_kernels.h", "qo_cpu_simd.h", "qo_cpu_int4_panel.h")
 ABI_VERSION = 1
 MXFP4_BLOCK_SIZE = 32
@@ -131,6 +131,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "qo_matmul_int8_w8a8_f16": [p, p, p, i64, f32, p, i64, i64, i64],
         "qo_matmul_nvfp4_f32": [p, p, p, f32, p, i64, i64, i64],
         "qo_matmul_nvfp4_f16": [p, p, p, f32, p, i64, i64, i64],
+        "qo_matmul_mxfp4_r16_f32": [p, p, p, p, i64, i64, i64],
+        "qo_matmul_nvfp4_r16_f32": [p, p, p, f32, p, i64, i64, i64],
         "qo_matmul_bf16_f32": [p, p, p, i64, i64, i64],
         "qo_matmul_bf16_f16": [p, p, p, i64, i64, i64],
         "qo_matmul_int4_f32": [p, p, p, p, p, i64, i64, i64, i64],
@@ -293,6 +295,35 @@ def matmul_nvfp4(a: np.ndarray, b_packed: np.ndarray, b_scale: np.ndarray, b_sca
     s2 = float(np.asarray(b_scale_2, dtype=np.float32).reshape(()))
     _check(fn(_ptr(a), _ptr(b_packed), _ptr(s), s2, _ptr(y), a.size // k, n, k), "matmul_nvfp4")
     return y
+
+
+def _matmul_fp4_r16(name: str, a: np.ndarray, b_r16: np.ndarray, s_r16: np.ndarray, block: int, *scale_2):
+    b_r16 = np.ascontiguousarray(b_r16, dtype=np.uint8)
+    s = np.asarray(s_r16)
+    s = np.ascontiguousarray(s.view(np.uint8) if s.dtype != np.uint8 else s)
+    if b_r16.ndim != 3 or b_r16.shape[2] != 64 or s.ndim != 3 or s.shape[2] != 16:
+        raise ValueError(f"{name}: B {b_r16.shape} / B_scale {s.shape} are not [N/16, K/8, 64] / [N/16, K/{block}, 16]")
+    n, k = b_r16.shape[0] * 16, b_r16.shape[1] * 8
+    if k % block or s.shape[:2] != (n // 16, k // block):
+        raise ValueError(f"{name}: B {b_r16.shape} / B_scale {s.shape} do not describe K % {block} == 0")
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if a.shape[-1] != k:
+        raise ValueError(f"{name}: A's last dimension {a.shape[-1]} != K {k}")
+    y = np.empty(a.shape[:-1] + (n,), dtype=np.float32)
+    fn = getattr(load_library(), f"qo_{name}_f32")
+    _check(fn(_ptr(a), _ptr(b_r16), _ptr(s), *scale_2, _ptr(y), a.size // k, n, k), name)
+    return y
+
+
+def matmul_mxfp4_r16(a: np.ndarray, b_r16: np.ndarray, s_r16: np.ndarray) -> np.ndarray:
+    """MXFP4 with the weight in 16-row tiles (custom_ops/fp4_r16.py pack): Y [..., N] float32."""
+    return _matmul_fp4_r16("matmul_mxfp4_r16", a, b_r16, s_r16, MXFP4_BLOCK_SIZE)
+
+
+def matmul_nvfp4_r16(a: np.ndarray, b_r16: np.ndarray, s_r16: np.ndarray, b_scale_2) -> np.ndarray:
+    """NVFP4 with the weight in 16-row tiles: Y [..., N] float32."""
+    s2 = float(np.asarray(b_scale_2, dtype=np.float32).reshape(()))
+    return _matmul_fp4_r16("matmul_nvfp4_r16", a, b_r16, s_r16, 16, s2)
 
 
 def matmul_bf16(a: np.ndarray, b_bits: np.ndarray) -> np.ndarray:

@@ -32,11 +32,15 @@ bool g_has_parallel_for = false;
 
 enum class OpKind { kMxfp4, kFp8, kFp8Dyn, kBf16, kFp8Weight, kInt8, kNvfp4,  // each on CPU, and CUDA when built
                     kUint4, kInt4,    // CPU only (qo_cpu_int4.c)
-                    kInt8W8A8 };      // CPU only (qo_cpu_int8_w8a8.c)
+                    kInt8W8A8,        // CPU only (qo_cpu_int8_w8a8.c)
+                    kMxfp4R16, kNvfp4R16 };  // CPU only, float32 (qo_cpu_fp4_r16.c: the weight in 16-row tiles)
 
 bool IsInt4(OpKind kind) { return kind == OpKind::kUint4 || kind == OpKind::kInt4; }
-bool CpuOnly(OpKind kind) { return IsInt4(kind) || kind == OpKind::kInt8W8A8; }
-bool HasAScale(OpKind kind) { return kind == OpKind::kFp8 || kind == OpKind::kNvfp4 || kind == OpKind::kInt8W8A8; }
+bool IsR16(OpKind kind) { return kind == OpKind::kMxfp4R16 || kind == OpKind::kNvfp4R16; }
+bool CpuOnly(OpKind kind) { return IsInt4(kind) || kind == OpKind::kInt8W8A8 || IsR16(kind); }
+bool HasAScale(OpKind kind) {
+  return kind == OpKind::kFp8 || kind == OpKind::kNvfp4 || kind == OpKind::kInt8W8A8 || kind == OpKind::kNvfp4R16;
+}
 
 struct QoCustomOp : OrtCustomOp {
   OpKind kind;
@@ -161,6 +165,11 @@ int RunCpu(const QoKernel& k, OrtKernelContext* context, const void* a, const vo
                                               *a_scale, (u16*)y, M, N, K)
                     : qo_matmul_int8_w8a8_f32((const float*)a, (const int8_t*)b, (const float*)b_scale, b_scale_count,
                                               *a_scale, (float*)y, M, N, K);
+    case OpKind::kMxfp4R16:  // float32 only (AllOps)
+      return qo_matmul_mxfp4_r16_f32((const float*)a, (const uint8_t*)b, (const uint8_t*)b_scale, (float*)y, M, N, K);
+    case OpKind::kNvfp4R16:
+      return qo_matmul_nvfp4_r16_f32((const float*)a, (const uint8_t*)b, (const uint8_t*)b_scale, *a_scale, (float*)y,
+                                     M, N, K);
     case OpKind::kUint4:
     case OpKind::kInt4: break;  // ComputeInt4
   }
@@ -218,7 +227,9 @@ int RunGpu(const QoKernel& k, const void* a, const void* b, const void* b_scale,
                                               *a_scale_device, (float*)y, M, N, K, stream);
     case OpKind::kUint4:
     case OpKind::kInt4:
-    case OpKind::kInt8W8A8: break;  // CPU only
+    case OpKind::kInt8W8A8:
+    case OpKind::kMxfp4R16:
+    case OpKind::kNvfp4R16: break;  // CPU only
   }
 #else
   (void)k; (void)a; (void)b; (void)b_scale; (void)b_scale_count; (void)a_scale_device; (void)y; (void)M; (void)N;
@@ -277,11 +288,28 @@ OrtStatus* ORT_API_CALL Compute(void* op_kernel, OrtKernelContext* context) {
   if (k.kind != OpKind::kBf16) QO_RETURN_IF_ERROR(Input(context, 2, &b_scale, &b_scale_data));
   if (HasAScale(k.kind)) QO_RETURN_IF_ERROR(Input(context, 3, &a_scale, &a_scale_data));
 
-  if (a.shape.empty() || b.shape.size() != 2) return Error("A must have rank >= 1 and B rank 2");
+  if (IsR16(k.kind)) {  // B [N/16, K/8, 64], B_scale [N/16, K/block, 16]
+    const char* name = k.kind == OpKind::kMxfp4R16 ? "MatMulMxfp4R16" : "MatMulNvfp4R16";
+    const int64_t block = k.kind == OpKind::kMxfp4R16 ? 32 : 16;
+    if (a.shape.empty() || b.shape.size() != 3 || b.shape[2] != 64)
+      return Error(std::string(name) + ": A must have rank >= 1 and B be [N/16, K/8, 64]");
+    if (b.shape[1] * 8 != a.shape.back() || a.shape.back() % block != 0)
+      return Error(std::string(name) + ": B must be [N/16, K/8, 64] with K % " + std::to_string(block) + " == 0");
+    if (b_scale.shape.size() != 3 || b_scale.shape[0] != b.shape[0] || b_scale.shape[1] != a.shape.back() / block ||
+        b_scale.shape[2] != 16)
+      return Error(std::string(name) + ": B_scale must be [N/16, K/" + std::to_string(block) + ", 16]");
+    if (k.kind == OpKind::kNvfp4R16 && a_scale.elements() != 1)
+      return Error("MatMulNvfp4R16: B_scale_2 must be a scalar");
+    if ((k.attr_k > 0 && k.attr_k != a.shape.back()) || (k.attr_n > 0 && k.attr_n != b.shape[0] * 16))
+      return Error(std::string(name) + ": attributes K/N do not match the tensors");
+  } else if (a.shape.empty() || b.shape.size() != 2) {
+    return Error("A must have rank >= 1 and B rank 2");
+  }
   const int64_t K = a.shape.back();
-  const int64_t N = b.shape[0];
+  const int64_t N = IsR16(k.kind) ? b.shape[0] * 16 : b.shape[0];
   const int64_t M = K > 0 ? a.elements() / K : 0;
-  if (k.kind == OpKind::kMxfp4) {
+  if (IsR16(k.kind)) {
+  } else if (k.kind == OpKind::kMxfp4) {
     if (b.shape[1] * 2 != K || K % 32 != 0) return Error("MatMulMxfp4: B must be [N, K/2] with K % 32 == 0");
     if (b_scale.shape.size() != 2 || b_scale.shape[0] != N || b_scale.shape[1] != K / 32)
       return Error("MatMulMxfp4: B_scale must be [N, K/32]");
@@ -345,7 +373,7 @@ OrtStatus* ORT_API_CALL CreateKernel(const OrtCustomOp* op, const OrtApi* api, c
   const QoCustomOp* qo = static_cast<const QoCustomOp*>(op);
   QoKernel* k = new (std::nothrow) QoKernel{qo->kind, qo->a_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, qo->gpu};
   if (!k) return api->CreateStatus(ORT_FAIL, "com.quark_onnx: out of memory");
-  if (qo->kind == OpKind::kMxfp4 || qo->kind == OpKind::kNvfp4 || IsInt4(qo->kind)) {
+  if (qo->kind == OpKind::kMxfp4 || qo->kind == OpKind::kNvfp4 || IsInt4(qo->kind) || IsR16(qo->kind)) {
     OrtStatus* status = api->KernelInfoGetAttribute_int64(info, "K", &k->attr_k);
     if (!status) status = api->KernelInfoGetAttribute_int64(info, "N", &k->attr_n);
     if (!status && IsInt4(qo->kind)) status = api->KernelInfoGetAttribute_int64(info, "block_size", &k->attr_block);
@@ -370,6 +398,8 @@ const char* ORT_API_CALL GetName(const OrtCustomOp* op) {
     case OpKind::kUint4: return "MatMulUint4";
     case OpKind::kInt4: return "MatMulInt4";
     case OpKind::kInt8W8A8: return "MatMulInt8W8A8";
+    case OpKind::kMxfp4R16: return "MatMulMxfp4R16";
+    case OpKind::kNvfp4R16: return "MatMulNvfp4R16";
   }
   return "";
 }
@@ -383,6 +413,7 @@ size_t ORT_API_CALL GetInputTypeCount(const OrtCustomOp* op) {
     case OpKind::kFp8:
     case OpKind::kNvfp4:
     case OpKind::kInt8W8A8:
+    case OpKind::kNvfp4R16:
     case OpKind::kUint4: return 4;
     case OpKind::kBf16: return 2;
     default: return 3;
@@ -392,12 +423,12 @@ size_t ORT_API_CALL GetInputTypeCount(const OrtCustomOp* op) {
 ONNXTensorElementDataType ORT_API_CALL GetInputType(const OrtCustomOp* op, size_t index) {
   const QoCustomOp* qo = static_cast<const QoCustomOp*>(op);
   if (index == 0) return qo->a_type;
-  if (qo->kind == OpKind::kMxfp4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;  // B, B_scale
+  if (qo->kind == OpKind::kMxfp4 || qo->kind == OpKind::kMxfp4R16) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
   if (IsInt4(qo->kind)) return index == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
   if (qo->kind == OpKind::kBf16) return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
   if (qo->kind == OpKind::kInt8 || qo->kind == OpKind::kInt8W8A8)  // B int8; B_scale (and A_scale) float
     return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  if (qo->kind == OpKind::kNvfp4) {  // B uint8, B_scale e4m3fn, B_scale_2 float
+  if (qo->kind == OpKind::kNvfp4 || qo->kind == OpKind::kNvfp4R16) {  // B uint8, B_scale e4m3fn, B_scale_2 float
     if (index == 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
     if (index == 2) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN;
     return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
@@ -466,9 +497,11 @@ std::vector<QoCustomOp>& AllOps() {
 #endif
     for (bool gpu : providers)
       for (OpKind kind : {OpKind::kMxfp4, OpKind::kFp8, OpKind::kFp8Dyn, OpKind::kBf16, OpKind::kFp8Weight,
-                          OpKind::kInt8, OpKind::kNvfp4, OpKind::kUint4, OpKind::kInt4, OpKind::kInt8W8A8})
+                          OpKind::kInt8, OpKind::kNvfp4, OpKind::kUint4, OpKind::kInt4, OpKind::kInt8W8A8,
+                          OpKind::kMxfp4R16, OpKind::kNvfp4R16})
         for (ONNXTensorElementDataType t : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16})
-          if (!(gpu && CpuOnly(kind))) list.push_back(MakeOp(kind, t, gpu));
+          if (!(gpu && CpuOnly(kind)) && !(IsR16(kind) && t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT))
+            list.push_back(MakeOp(kind, t, gpu));
     return list;
   }();
   return ops;

@@ -96,6 +96,18 @@ QO_API int qo_matmul_int4_f16(const uint16_t* A, const uint8_t* B, const float* 
  * (qo_cpu_int4_a8.c). Equal to MatMulNBits accuracy_level 4 up to float summation order. */
 QO_API int qo_matmul_int4_a8_f32(const float* A, const uint8_t* B, const float* scales, const uint8_t* zero_points,
                                  float* Y, int64_t M, int64_t N, int64_t K, int64_t block_size);
+/* MXFP4 / NVFP4 with the weight in 16-row tiles (qo_cpu_fp4_r16.c): the checkpoint's bytes, reordered. N % 16 == 0.
+ *   B uint8 [N/16, K/8, 64]: byte 4r + i of chunk c of tile t is byte 4c + i of row 16t + r of the checkpoint's
+ *     [N, K/2] (the codes of k = 8c .. 8c+7, even k in the low nibble);
+ *   B_scale uint8 [N/16, K/block, 16]: the scale code of row 16t + r, block b at [t, b, r] (MXFP4 e8m0, block 32,
+ *     K % 32 == 0; NVFP4 e4m3fn, block 16, K % 16 == 0, with B_scale_2).
+ * Arithmetic: W = fp32(e2m1 * S) with S = 2^(e-127) (MXFP4, exact) or fp32(e4m3(code) * B_scale_2) (NVFP4: Quark's
+ * order, as qo_matmul_nvfp4_f32), y = fmaf chain over k = 0 .. K-1 in increasing k from +0, nothing after; the same
+ * bits on every path, M and thread count (not the 8-lane order of the checkpoint-layout kernels above). */
+QO_API int qo_matmul_mxfp4_r16_f32(const float* A, const uint8_t* B, const uint8_t* B_scale, float* Y, int64_t M,
+                                   int64_t N, int64_t K);
+QO_API int qo_matmul_nvfp4_r16_f32(const float* A, const uint8_t* B, const uint8_t* B_scale, float B_scale_2,
+                                   float* Y, int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_bf16_f32(const float* A, const uint16_t* B, float* Y, int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_t M, int64_t N, int64_t K);
 

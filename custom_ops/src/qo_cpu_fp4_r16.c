@@ -1,0 +1,288 @@
+/* MXFP4 / NVFP4 weights in 16-row tiles ("r16"): the FP4 GEMV / GEMM whose weight bytes are laid out for the
+ * decode, not as the checkpoint stores them (qo_kernels.h, qo_matmul_mxfp4_r16_f32, documents the layout).
+ *
+ * Why (issue #22, custom_ops/README.md "FP4 weights in 16-row tiles"): the checkpoint layout puts the 16 codes of a
+ * float32 vector's lanes in one row, so the GEMVs of qo_cpu_kernels.c need byte gathers and per-row tables before
+ * the FMAs. Here a 64-byte chunk holds 8 consecutive k of 16 rows, 4 bytes a row: lane r of a 16-lane vector is row
+ * r, and its dword carries the row's 8 codes. Per k: `vpermps` of the 16 e2m1 values by each dword's low 4 bits
+ * (the lookup reads no other bit), one multiplication by the rows' block scales, one FMA with the broadcast
+ * activation, then the dwords shift right by 4 for the next k. Each of a tile's 16 rows is one
+ * accumulator lane, so no fold and no per-row table; the 8 tiles a GEMV step reads are 8 contiguous streams.
+ *
+ * Arithmetic (every path, every M, every thread count: the same bits): per output, W_k = fp32(e2m1(code_k) * S_b)
+ * with S_b the row's block scale (MXFP4: 2^(e - 127), so W_k is exact; NVFP4: fp32(e4m3(code) * B_scale_2), Quark's
+ * order), and y = fmaf(W_{K-1}, a_{K-1}, ... fmaf(W_0, a_0, +0)): one sequential chain in increasing k, one rounding
+ * per step, nothing after. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qo_cpu_simd.h"
+#include "qo_fp_formats.h"
+#include "qo_kernels.h"
+
+#define R16_ROWS 16       /* rows per tile: one 16-lane float32 vector */
+#define R16_GROUP 8       /* tiles per task (128 rows) */
+#define R16_PF 2048       /* software prefetch distance in each tile's stream, bytes (measured 1024-4096 alike) */
+
+static const float R16_E2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+typedef struct {
+  const float* A;
+  const uint8_t* B;
+  const uint8_t* S;
+  float s2;
+  float* Y;
+  int64_t M, N, K;
+  int nv;  /* NVFP4 (block 16, e4m3 scales) or MXFP4 (block 32, e8m0) */
+  int isa; /* QO_ISA_* */
+} r16_job;
+
+static inline int64_t r16_block(int nv) { return nv ? 16 : 32; }
+
+/* A block scale as a float32: e8m0 2^(e - 127) (e = 255: NaN), e4m3fn times B_scale_2 rounded once. */
+static inline float r16_scale(int nv, uint8_t code, float s2) {
+  if (nv) return qo_e4m3fn_to_f32(code) * s2;
+  return code == 255 ? qo_bits_to_f32(0x7FC00000u) : code == 0 ? qo_bits_to_f32(0x00400000u)
+                                                                : qo_bits_to_f32((uint32_t)code << 23);
+}
+
+/* Portable: tile t, activation rows [m0, m1). */
+static void r16_tile_portable(const r16_job* j, int64_t t, int64_t m0, int64_t m1) {
+  const int64_t K = j->K, blk = r16_block(j->nv), nb = K / blk;
+  const uint8_t* b = j->B + t * (R16_ROWS / 2) * K;
+  const uint8_t* s = j->S + t * R16_ROWS * nb;
+  for (int r = 0; r < R16_ROWS; ++r)
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* a = j->A + m * K;
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        const uint8_t byte = b[(k / 8) * 64 + 4 * r + (k % 8) / 2];
+        const float S = r16_scale(j->nv, s[(k / blk) * R16_ROWS + r], j->s2);
+        const float w = R16_E2M1[(k & 1) ? byte >> 4 : byte & 15] * S;
+        acc = fmaf(w, a[k], acc);
+      }
+      j->Y[m * j->N + t * R16_ROWS + r] = acc;
+    }
+}
+
+#if defined(QO_HAVE_AVX512_HELPERS)
+/* ---- AVX-512 (F + BW + VL + DQ): lanes = the 16 rows of a tile ---- */
+QOZ_INLINE __m512 r16z_scales(const int nv, const uint8_t* p, __m512 s2) {
+  const __m128i c = _mm_loadu_si128((const __m128i*)p);
+  if (nv) return _mm512_mul_ps(qoz_fp8x16(c, 0), s2);
+  const __m512i e = _mm512_cvtepu8_epi32(c);
+  __m512i f = _mm512_slli_epi32(e, 23);
+  f = _mm512_mask_mov_epi32(f, _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000));
+  f = _mm512_mask_mov_epi32(f, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)), _mm512_set1_epi32(0x7FC00000));
+  return _mm512_castsi512_ps(f);
+}
+
+/* nvec consecutive tiles from t0 x activation rows m0 .. m0 + mr - 1. */
+QOZ_INLINE void r16z_tiles(const int nv, const int nvec, const int mr, const r16_job* j, int64_t t0, int64_t m0) {
+  const int64_t K = j->K, N = j->N, blk = nv ? 16 : 32, nb = K / blk;
+  const __m512 T = _mm512_loadu_ps(R16_E2M1), s2 = _mm512_set1_ps(j->s2);
+  const uint8_t* b[8];
+  const uint8_t* s[8];
+  __m512 acc[8][8];
+  for (int v = 0; v < nvec; ++v) {
+    b[v] = j->B + (t0 + v) * (R16_ROWS / 2) * K;
+    s[v] = j->S + (t0 + v) * R16_ROWS * nb;
+    for (int m = 0; m < mr; ++m) acc[m][v] = _mm512_setzero_ps();
+  }
+  const float* a = j->A + m0 * K;
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    __m512 sc[8];
+    for (int v = 0; v < nvec; ++v) sc[v] = r16z_scales(nv, s[v] + R16_ROWS * bi, s2);
+    for (int c = 0; c < (nv ? 2 : 4); ++c) {
+      const int64_t chunk = bi * (blk / 8) + c;
+      __m512i w[8];
+      for (int v = 0; v < nvec; ++v) {
+        _mm_prefetch((const char*)(b[v] + 64 * chunk + R16_PF), _MM_HINT_T0);
+        w[v] = _mm512_loadu_si512((const void*)(b[v] + 64 * chunk));
+      }
+      const float* ak = a + 8 * chunk;
+      for (int q = 0; q < 8; ++q) {
+        __m512 W[8];
+        for (int v = 0; v < nvec; ++v) {
+          W[v] = _mm512_mul_ps(_mm512_permutexvar_ps(w[v], T), sc[v]);
+          w[v] = _mm512_srli_epi32(w[v], 4);
+        }
+        for (int m = 0; m < mr; ++m) {
+          const __m512 x = _mm512_set1_ps(ak[m * K + q]);
+          for (int v = 0; v < nvec; ++v) acc[m][v] = _mm512_fmadd_ps(W[v], x, acc[m][v]);
+        }
+      }
+    }
+  }
+  for (int m = 0; m < mr; ++m)
+    for (int v = 0; v < nvec; ++v) _mm512_storeu_ps(j->Y + (m0 + m) * N + (t0 + v) * R16_ROWS, acc[m][v]);
+}
+
+#define R16Z(NV, NVEC, MR)                                                                                   \
+  static __attribute__((noinline, target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"))) void         \
+      r16z_##NV##_##NVEC##_##MR(const r16_job* j, int64_t t0, int64_t m0) {                                 \
+    r16z_tiles(NV, NVEC, MR, j, t0, m0);                                                                     \
+  }
+#define R16Z_FMT(NV) \
+  R16Z(NV, 8, 1) R16Z(NV, 1, 1) R16Z(NV, 2, 1) R16Z(NV, 2, 2) R16Z(NV, 2, 3) R16Z(NV, 2, 4) R16Z(NV, 2, 5) \
+  R16Z(NV, 2, 6) R16Z(NV, 2, 7) R16Z(NV, 2, 8) R16Z(NV, 1, 2) R16Z(NV, 1, 3) R16Z(NV, 1, 4) R16Z(NV, 1, 5) \
+  R16Z(NV, 1, 6) R16Z(NV, 1, 7) R16Z(NV, 1, 8)
+R16Z_FMT(0)
+R16Z_FMT(1)
+typedef void (*r16_fn)(const r16_job*, int64_t, int64_t);
+/* [nv][nvec == 2][mr - 1] */
+static const r16_fn r16z_by_shape[2][2][8] = {
+    {{r16z_0_1_1, r16z_0_1_2, r16z_0_1_3, r16z_0_1_4, r16z_0_1_5, r16z_0_1_6, r16z_0_1_7, r16z_0_1_8},
+     {r16z_0_2_1, r16z_0_2_2, r16z_0_2_3, r16z_0_2_4, r16z_0_2_5, r16z_0_2_6, r16z_0_2_7, r16z_0_2_8}},
+    {{r16z_1_1_1, r16z_1_1_2, r16z_1_1_3, r16z_1_1_4, r16z_1_1_5, r16z_1_1_6, r16z_1_1_7, r16z_1_1_8},
+     {r16z_1_2_1, r16z_1_2_2, r16z_1_2_3, r16z_1_2_4, r16z_1_2_5, r16z_1_2_6, r16z_1_2_7, r16z_1_2_8}}};
+
+/* Tiles [t0, t1) for every activation row: 8 tiles at once for M = 1 (8 streams, 8 FMA chains), else pairs of
+ * tiles x up to 8 rows. */
+static void r16z_task(const r16_job* j, int64_t t0, int64_t t1) {
+  const int nv = j->nv;
+  int64_t t = t0;
+  if (j->M == 1)
+    for (; t + 8 <= t1; t += 8) (nv ? r16z_1_8_1 : r16z_0_8_1)(j, t, 0);
+  for (; t < t1; t += 2) {
+    const int pair = t + 2 <= t1;
+    for (int64_t m = 0; m < j->M; m += 8) {
+      const int mr = (int)(j->M - m < 8 ? j->M - m : 8);
+      r16z_by_shape[nv][pair][mr - 1](j, t, m);
+    }
+    if (!pair) break;
+  }
+}
+
+/* ---- AVX2 + FMA + F16C: lanes = 8 rows (half a tile) ---- */
+QO_TARGET_BEGIN("avx2,fma,f16c")
+/* The 8 non-negative e2m1 values, each XORed with (code << 28): XORing the looked-up entry with the shifted code's
+ * bits << 28 cancels those bits and puts the code's sign bit (bit 3) in bit 31 (as qo_cpu_kernels.c's AVX2 FP4
+ * GEMV). */
+static inline __m256 r16a_table(void) {
+  uint32_t t[8];
+  for (uint32_t i = 0; i < 8; ++i) t[i] = qo_f32_to_bits(R16_E2M1[i]) ^ (i << 28);
+  return _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i*)t));
+}
+
+static inline __m256 r16a_scales(const int nv, const uint8_t* p, __m256 s2) {
+  const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+  if (nv) { /* e4m3fn: fp16 2^-8 times the value (subnormals on fp16 subnormals), widened exactly, x 2^8 */
+    const __m256i h32 = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(e, _mm256_set1_epi32(0x7F)), 7),
+                                        _mm256_slli_epi32(_mm256_and_si256(e, _mm256_set1_epi32(0x80)), 8));
+    const __m128i h16 = _mm_packus_epi32(_mm256_castsi256_si128(h32), _mm256_extracti128_si256(h32, 1));
+    const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h16), _mm256_set1_ps(256.0f));
+    const __m256i nan = _mm256_cmpeq_epi32(_mm256_and_si256(e, _mm256_set1_epi32(0x7F)), _mm256_set1_epi32(0x7F));
+    return _mm256_mul_ps(_mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)),
+                                          _mm256_castsi256_ps(nan)),
+                         s2);
+  }
+  __m256i f = _mm256_slli_epi32(e, 23);
+  f = _mm256_blendv_epi8(f, _mm256_set1_epi32(0x00400000), _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+  f = _mm256_blendv_epi8(f, _mm256_set1_epi32(0x7FC00000), _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255)));
+  return _mm256_castsi256_ps(f);
+}
+
+/* nvec halves (half h of tile t0 + v / 2 for v = 2 * (t - t0) + h) x activation rows m0 .. m0 + mr - 1. */
+static inline __attribute__((always_inline)) void r16a_halves(const int nv, const int nvec, const int mr,
+                                                              const r16_job* j, int64_t t0, int64_t m0) {
+  const int64_t K = j->K, N = j->N, blk = nv ? 16 : 32, nb = K / blk;
+  const __m256 T = r16a_table(), s2 = _mm256_set1_ps(j->s2);
+  const uint8_t* b[4];
+  const uint8_t* s[4];
+  __m256 acc[4][4];
+  for (int v = 0; v < nvec; ++v) {
+    b[v] = j->B + (t0 + v / 2) * (R16_ROWS / 2) * K + 32 * (v % 2);
+    s[v] = j->S + (t0 + v / 2) * R16_ROWS * nb + 8 * (v % 2);
+    for (int m = 0; m < mr; ++m) acc[m][v] = _mm256_setzero_ps();
+  }
+  const float* a = j->A + m0 * K;
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    __m256 sc[4];
+    for (int v = 0; v < nvec; ++v) sc[v] = r16a_scales(nv, s[v] + R16_ROWS * bi, s2);
+    for (int c = 0; c < (nv ? 2 : 4); ++c) {
+      const int64_t chunk = bi * (blk / 8) + c;
+      __m256i w[4];
+      for (int v = 0; v < nvec; ++v) {
+        if (v % 2 == 0) _mm_prefetch((const char*)(b[v] + 64 * chunk + R16_PF), _MM_HINT_T0);
+        w[v] = _mm256_loadu_si256((const __m256i*)(b[v] + 64 * chunk));
+      }
+      const float* ak = a + 8 * chunk;
+      for (int q = 0; q < 8; ++q) {
+        __m256 W[4];
+        for (int v = 0; v < nvec; ++v) {
+          const __m256 val = _mm256_xor_ps(_mm256_permutevar8x32_ps(T, w[v]),
+                                           _mm256_castsi256_ps(_mm256_slli_epi32(w[v], 28)));
+          W[v] = _mm256_mul_ps(val, sc[v]);
+          w[v] = _mm256_srli_epi32(w[v], 4);
+        }
+        for (int m = 0; m < mr; ++m) {
+          const __m256 x = _mm256_broadcast_ss(ak + m * K + q);
+          for (int v = 0; v < nvec; ++v) acc[m][v] = _mm256_fmadd_ps(W[v], x, acc[m][v]);
+        }
+      }
+    }
+  }
+  for (int m = 0; m < mr; ++m)
+    for (int v = 0; v < nvec; ++v) _mm256_storeu_ps(j->Y + (m0 + m) * N + t0 * R16_ROWS + 8 * v, acc[m][v]);
+}
+
+#define R16A(NV, NVEC, MR)                                                                             \
+  static __attribute__((noinline)) void r16a_##NV##_##NVEC##_##MR(const r16_job* j, int64_t t0, int64_t m0) { \
+    r16a_halves(NV, NVEC, MR, j, t0, m0);                                                              \
+  }
+#define R16A_FMT(NV) R16A(NV, 4, 1) R16A(NV, 2, 1) R16A(NV, 2, 2) R16A(NV, 2, 3)
+R16A_FMT(0)
+R16A_FMT(1)
+
+/* Tiles [t0, t1): two tiles (4 halves) at once for M = 1, else one tile's halves x up to 3 rows. */
+static void r16a_task(const r16_job* j, int64_t t0, int64_t t1) {
+  const int nv = j->nv;
+  int64_t t = t0;
+  if (j->M == 1)
+    for (; t + 2 <= t1; t += 2) (nv ? r16a_1_4_1 : r16a_0_4_1)(j, t, 0);
+  static const r16_fn by_mr[2][3] = {{r16a_0_2_1, r16a_0_2_2, r16a_0_2_3}, {r16a_1_2_1, r16a_1_2_2, r16a_1_2_3}};
+  for (; t < t1; ++t)
+    for (int64_t m = 0; m < j->M; m += 3) by_mr[nv][(j->M - m < 3 ? j->M - m : 3) - 1](j, t, m);
+}
+QO_TARGET_END
+#endif
+
+static void r16_task(void* data, size_t index) {
+  const r16_job* j = (const r16_job*)data;
+  const int64_t tiles = j->N / R16_ROWS, t0 = (int64_t)index * R16_GROUP;
+  const int64_t t1 = t0 + R16_GROUP < tiles ? t0 + R16_GROUP : tiles;
+#if defined(QO_HAVE_AVX512_HELPERS)
+  if (j->isa == QO_ISA_AVX512) {
+    r16z_task(j, t0, t1);
+    return;
+  }
+  if (j->isa == QO_ISA_AVX2) {
+    r16a_task(j, t0, t1);
+    return;
+  }
+#endif
+  for (int64_t t = t0; t < t1; ++t) r16_tile_portable(j, t, 0, j->M);
+}
+
+static int r16_run(int nv, const float* A, const uint8_t* B, const uint8_t* S, float s2, float* Y, int64_t M,
+                   int64_t N, int64_t K) {
+  if (!A || !B || !S || !Y || M < 0 || N <= 0 || K <= 0 || N % R16_ROWS || K % r16_block(nv)) return QO_ERR_ARGUMENT;
+  if (M == 0) return QO_OK;
+  r16_job j = {A, B, S, s2, Y, M, N, K, nv, qo_cpu_isa()};
+  const int64_t tasks = (N / R16_ROWS + R16_GROUP - 1) / R16_GROUP;
+  return qo_cpu_parallel_for(r16_task, (size_t)tasks, &j);
+}
+
+QO_API int qo_matmul_mxfp4_r16_f32(const float* A, const uint8_t* B, const uint8_t* B_scale, float* Y, int64_t M, int64_t N,
+                            int64_t K) {
+  return r16_run(0, A, B, B_scale, 1.0f, Y, M, N, K);
+}
+
+QO_API int qo_matmul_nvfp4_r16_f32(const float* A, const uint8_t* B, const uint8_t* B_scale, float B_scale_2, float* Y,
+                            int64_t M, int64_t N, int64_t K) {
+  return r16_run(1, A, B, B_scale, B_scale_2, Y, M, N, K);
+}

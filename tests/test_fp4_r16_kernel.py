@@ -1,0 +1,176 @@
+"""MXFP4 / NVFP4 with the weight in 16-row tiles (custom_ops/src/qo_cpu_fp4_r16.c, custom_ops/fp4_r16.py; ops
+com.quark_onnx MatMulMxfp4R16 / MatMulNvfp4R16).
+
+References are independent of the kernel: the checkpoint-layout bytes decoded by numpy (e2m1 table, e8m0 powers of
+two, e4m3fn through ml_dtypes), the product in float64. The kernel's contract is one fmaf chain per output in
+increasing k, so its error against float64 is bounded by K * 2^-24 * sum_k |w_k a_k| (a sequential sum's bound); the
+tests assert that bound. Every SIMD path, thread count and M gives the same bits (the portable path is the chain
+written out in C)."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from custom_ops import fp4_r16, native
+from custom_ops.single_op import session, single_op_model
+from ort_library_fixture import ort_ops_library  # noqa: F401  (fixture)
+
+E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+PATHS = ("avx512", "avx2", "portable")
+
+
+def _weights(nv: bool, codes: np.ndarray, scales: np.ndarray, s2: float) -> np.ndarray:
+    """Quark's dequantized weight [N, K] (float32) from the checkpoint's bytes."""
+    nib = np.stack([codes & 15, codes >> 4], -1).reshape(codes.shape[0], -1)
+    if nv:
+        block = (scales.view(ml_dtypes.float8_e4m3fn).astype(np.float32) * np.float32(s2)).astype(np.float32)
+    else:
+        block = np.where(scales == 255, np.float32(np.nan),
+                         np.ldexp(np.float32(1), np.minimum(scales, 254).astype(np.int32) - 127).astype(np.float32))
+    return (E2M1[nib] * np.repeat(block, 16 if nv else 32, axis=1)).astype(np.float32)
+
+
+def _case(nv: bool, n: int, k: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    if nv:
+        scales = rng.uniform(2**-8, 300, (n, k // 16)).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    else:
+        scales = rng.integers(100, 140, (n, k // 32), dtype=np.uint8)
+    return codes, scales
+
+
+def _run(nv: bool, a, b_r16, s_r16, s2=0.0371):
+    return native.matmul_nvfp4_r16(a, b_r16, s_r16, s2) if nv else native.matmul_mxfp4_r16(a, b_r16, s_r16)
+
+
+@pytest.fixture
+def path_env():
+    old = os.environ.get("QO_CPU_KERNELS")
+    yield
+    if old is None:
+        os.environ.pop("QO_CPU_KERNELS", None)
+    else:
+        os.environ["QO_CPU_KERNELS"] = old
+
+
+def test_pack_is_a_permutation_of_the_checkpoint_bytes():
+    codes, scales = _case(True, 48, 64)
+    b, s = fp4_r16.pack(codes, scales)
+    assert b.shape == (3, 8, 64) and s.shape == (3, 4, 16)
+    assert b.nbytes == codes.nbytes and s.nbytes == scales.nbytes
+    assert b[1, 2, 4 * 5 + 3] == codes[16 + 5, 4 * 2 + 3] and s[2, 3, 7] == scales[32 + 7, 3]
+    for got, want in zip(fp4_r16.unpack(b, s), (codes, scales)):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError):
+        fp4_r16.pack(codes[:40], scales[:40])
+
+
+@pytest.mark.parametrize("nv", [False, True], ids=["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("n,k", [(16, 32), (48, 96 + 32), (144, 256), (272, 512), (2 * 16 * 9, 1024)])
+def test_every_path_and_m_same_bits_within_the_chain_bound(nv, n, k, path_env):
+    if not nv and k % 32:
+        pytest.skip("MXFP4 needs K % 32")
+    codes, scales = _case(nv, n, k, seed=n + k)
+    b, s = fp4_r16.pack(codes, scales)
+    w = _weights(nv, codes, scales, 0.0371).astype(np.float64)
+    rng = np.random.default_rng(1)
+    for m in (1, 2, 3, 5, 8, 9, 17, 128):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        ref = a.astype(np.float64) @ w.T
+        bound = k * 2.0**-24 * (np.abs(a).astype(np.float64) @ np.abs(w).T)
+        outs = {}
+        for p in PATHS:
+            os.environ["QO_CPU_KERNELS"] = p
+            outs[p] = _run(nv, a, b, s)
+        for p in PATHS:
+            np.testing.assert_array_equal(outs[p], outs["portable"], err_msg=f"path {p}, M = {m}")
+        assert np.all(np.abs(outs["portable"] - ref) <= bound), f"M = {m}"
+
+
+@pytest.mark.parametrize("nv", [False, True], ids=["mxfp4", "nvfp4"])
+def test_one_and_two_threads_same_bits(nv):
+    codes, scales = _case(nv, 16 * 40, 256)
+    b, s = fp4_r16.pack(codes, scales)
+    a = np.random.default_rng(2).standard_normal((3, 256)).astype(np.float32)
+    omp = ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1").omp_set_num_threads
+    try:
+        omp(1)
+        one = [_run(nv, a[:m], b, s) for m in (1, 3)]
+        omp(2)
+        two = [_run(nv, a[:m], b, s) for m in (1, 3)]
+    finally:
+        omp(os.cpu_count() or 1)
+    for x, y in zip(one, two):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_special_scales_and_values(path_env):
+    """e8m0 0 (2^-127, a float32 subnormal) and 255 (NaN); e4m3fn subnormal codes and NaN (0x7F): same bits on every
+    path, NaN exactly in the rows with a NaN scale, the rest against float64."""
+    k = 64
+    for nv in (False, True):
+        codes, scales = _case(nv, 32, k, seed=5)
+        if nv:
+            scales[0, :] = np.arange(1, 1 + k // 16)  # subnormal e4m3fn codes
+            scales[3, 1] = 0x7F
+            scales[4, 2] = 0xFF
+        else:
+            scales[0, :] = 0
+            scales[3, 1] = 255
+        b, s = fp4_r16.pack(codes, scales)
+        a = np.random.default_rng(3).standard_normal((2, k)).astype(np.float32)
+        if not nv:
+            a[:, :32] *= 2.0**100  # so that 2^-127-scaled products are not lost under the others
+        outs = []
+        for p in PATHS:
+            os.environ["QO_CPU_KERNELS"] = p
+            outs.append(_run(nv, a, b, s, s2=1.0 if nv else 0.0))
+        for o in outs[1:]:
+            np.testing.assert_array_equal(o, outs[0])
+        nan_rows = {3, 4} if nv else {3}
+        assert set(np.nonzero(np.isnan(outs[0]).any(0))[0]) == nan_rows
+        w = _weights(nv, codes, scales, 1.0).astype(np.float64)
+        ok = [r for r in range(32) if r not in nan_rows]
+        ref = a.astype(np.float64) @ w[ok].T
+        bound = k * 2.0**-24 * (np.abs(a).astype(np.float64) @ np.abs(w[ok]).T) + 2.0**-149
+        assert np.all(np.abs(outs[0][:, ok] - ref) <= bound)
+
+
+def test_bad_arguments():
+    codes, scales = _case(True, 32, 64)
+    b, s = fp4_r16.pack(codes, scales)
+    with pytest.raises(ValueError):
+        native.matmul_nvfp4_r16(np.zeros((1, 64), np.float32), b, s[:, :2], 1.0)
+    with pytest.raises(ValueError):
+        native.matmul_nvfp4_r16(np.zeros((1, 48), np.float32), b, s, 1.0)
+
+
+@pytest.mark.parametrize("nv", [False, True], ids=["mxfp4", "nvfp4"])
+def test_ort_op_equals_the_kernel_and_the_function(ort_ops_library, nv):
+    """In ORT: the op (the library registered) gives the C kernel's bits; the ONNX-function fallback (no library:
+    Transpose / Reshape back to the checkpoint layout, then MatMulMxfp4 / MatMulNvfp4's function) the same values up
+    to summation order."""
+    n, k = 64, 128
+    codes, scales = _case(nv, n, k, seed=11)
+    b, s = fp4_r16.pack(codes, scales)
+    s2 = np.float32(0.0371)
+    op = "MatMulNvfp4R16" if nv else "MatMulMxfp4R16"
+    weights = {"B": b, "B_scale": s.view(ml_dtypes.float8_e4m3fn) if nv else s}
+    if nv:
+        weights["B_scale_2"] = np.array(s2, np.float32)
+    model = single_op_model(op, np.float32, k, weights, attributes={"K": k, "N": n})
+    a = np.random.default_rng(4).standard_normal((2, 5, k)).astype(np.float32)
+    with_lib = session(model, library=ort_ops_library).run(None, {"A": a})[0]
+    fallback = session(model).run(None, {"A": a})[0]
+    np.testing.assert_array_equal(with_lib, _run(nv, a, b, s, s2=s2))
+    w = _weights(nv, codes, scales, s2).astype(np.float64)
+    ref = a.astype(np.float64) @ w.T
+    bound = k * 2.0**-24 * (np.abs(a).astype(np.float64) @ np.abs(w).T)
+    assert np.all(np.abs(fallback - ref) <= bound)
+    assert with_lib.shape == (2, 5, n)
