@@ -36,6 +36,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 COMPACT = "compact"
+COMPACT_ROWS = "compact_rows"  # fp4_linear: MatMulMxfp4 / MatMulNvfp4 on the checkpoint's byte order (quant/fp4_tiles.py)
+CPU_ONLY_FORMS = (COMPACT, COMPACT_ROWS)
 NO_LIBRARY = "none"  # --extra_options custom_ops_library=none
 # the fp32 forms each compact default falls back to (today's pre-compact CPU default)
 FP32_FORMS = {"fp8_linear": "dequantized_weight", "int8_linear": "dequantized_weight", "fp4_linear": "dense",
@@ -70,7 +72,8 @@ def fp32_ep(ep, options, only=None):
 
 # which default each com.quark_onnx op comes from
 OP_KEYS = {"MatMulFp8": "fp8_linear", "MatMulInt8": "int8_linear", "MatMulInt8W8A8": "int8_linear", "MatMulMxfp4": "fp4_linear",
-           "MatMulNvfp4": "fp4_linear", "MatMulBf16": "lm_head", "MatMulUint4": "int4_linear",
+           "MatMulNvfp4": "fp4_linear", "MatMulMxfp4R16": "fp4_linear", "MatMulNvfp4R16": "fp4_linear",
+           "MatMulBf16": "lm_head", "MatMulUint4": "int4_linear",
            "MatMulInt4": "int4_linear"}
 
 

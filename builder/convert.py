@@ -325,10 +325,11 @@ def apply_ep_overrides(ep: EPConfig, options: BuildOptions) -> EPConfig:
                                   accepted=f"-e {' or -e '.join(AMD_EPS)}")
         ep = replace(ep, amd_arch=arch)
     for key in EP_OVERRIDES:
-        if options.extra.get(key) == compact_forms.COMPACT and ep.name != "cpu":
-            raise ConversionError(f"{key}=compact is a cpu EP form (its kernels are CPU kernels)",
-                                  field=f"--extra_options {key}", value=compact_forms.COMPACT,
-                                  accepted=", ".join(v for v in EP_OVERRIDES[key] if v != compact_forms.COMPACT))
+        value = options.extra.get(key)
+        if value in compact_forms.CPU_ONLY_FORMS and ep.name != "cpu":
+            raise ConversionError(f"{key}={value} is a cpu EP form (its kernels are CPU kernels)",
+                                  field=f"--extra_options {key}", value=value,
+                                  accepted=", ".join(v for v in EP_OVERRIDES[key] if v not in compact_forms.CPU_ONLY_FORMS))
         why = ep.refused_forms.get(key, {}).get(options.extra.get(key))
         if why:
             raise ConversionError(f"{key}={options.extra[key]} is not readable on {ep.name}: {why}",

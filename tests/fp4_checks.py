@@ -12,6 +12,18 @@ from custom_ops import reference as ref
 from onnx import numpy_helper
 from onnx_helpers import matmul_nbits_nodes, onnx_layer_name
 
+
+def unpack_r16(b: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MatMulMxfp4R16 / MatMulNvfp4R16's 16-row tiles (custom_ops/src/qo_kernels.h: B [N/16, K/8, 64], byte 4r + i of
+    chunk c of tile t = byte 4c + i of row 16t + r; B_scale [N/16, K/block, 16]) back to [N, K/2] / [N, K/block],
+    written here from that description rather than taken from custom_ops/fp4_r16.py."""
+    tiles, chunks, _ = b.shape
+    rows = np.empty((tiles * 16, chunks * 4), np.uint8)
+    for t in range(tiles):
+        for r in range(16):
+            rows[16 * t + r] = b[t, :, 4 * r:4 * r + 4].reshape(-1)
+    return rows, np.concatenate([scales[t].T for t in range(tiles)], axis=0)
+
 LOGIT_TOL = 1e-4   # fp32 ORT vs fp32 PyTorch: only summation order differs
 
 
@@ -28,9 +40,12 @@ def matmul_nbits_weights(model_dir: Path) -> dict[str, np.ndarray]:
         out[layer] = ((b.astype(np.float32) - 128.0) * s).reshape(n, k)
     arrays = {init.name: init for init in model.graph.initializer}
     for node in model.graph.node:  # fp4_linear=compact (CPU default): the checkpoint's bytes, decoded by numpy
-        if node.domain == "com.quark_onnx" and node.op_type in ("MatMulMxfp4", "MatMulNvfp4"):
+        if node.domain == "com.quark_onnx" and node.op_type in ("MatMulMxfp4", "MatMulNvfp4", "MatMulMxfp4R16",
+                                                                "MatMulNvfp4R16"):
             b, bs, *s2 = (numpy_helper.to_array(arrays[i], base_dir=str(model_dir)) for i in node.input[1:])
-            w = (ref.dequantize_mxfp4(b, bs) if node.op_type == "MatMulMxfp4"
+            if node.op_type.endswith("R16"):  # 16-row tiles: back to the checkpoint's [N, K/2] / [N, K/block]
+                b, bs = unpack_r16(b, bs.view(np.uint8))
+            w = (ref.dequantize_mxfp4(b, bs) if node.op_type.startswith("MatMulMxfp4")
                  else ref.dequantize_nvfp4(b, bs.view(np.uint8), s2[0]))
             out[node.name.rsplit("/", 1)[0]] = w.astype(np.float32)
     for init in model.graph.initializer:   # fp4_linear=dense: W.T stored as is

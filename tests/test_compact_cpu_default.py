@@ -23,7 +23,7 @@ from builder.custom_ops_library import OP_SYMBOLS, exported_kernels
 # (recipe, compact op, linears): the tiny Llama (2 layers x 7 linears) exported by amd-quark
 SCHEMES = [("fp8_w8a8", "MatMulFp8"), ("fp8_w8a8_kv", "MatMulFp8"), ("fp8_w8a8_kv_attn", "MatMulFp8"),
            ("ptpc_fp8", "MatMulFp8"), ("int8_w8a8", "MatMulInt8W8A8"), ("mxfp4", "MatMulMxfp4"),
-           ("nvfp4", "MatMulNvfp4")]
+           ("nvfp4", "MatMulNvfp4R16")]  # NVFP4: the weight in 16-row tiles (builder/quant/fp4_tiles.py)
 QUARK_EXPORTS = [("llama_h64", recipe) for recipe, _ in SCHEMES] + [("llama_h64_bf16", r) for r in ("fp8_w8a8", "int4_g64", "nvfp4")]
 SIZE_BOUND = 1.15  # issue #22's target: CPU default output <= 1.15x the export
 ROTARY = ("cos_cache", "sin_cache")
@@ -58,7 +58,8 @@ def float_matrices(model_dir: Path) -> list[str]:
 
 
 COMPACT = {"MatMulFp8": {"fp8_linear": "compact"}, "MatMulInt8W8A8": {"int8_linear": "compact"},
-           "MatMulMxfp4": {"fp4_linear": "compact"}, "MatMulNvfp4": {"fp4_linear": "compact"}}
+           "MatMulMxfp4": {"fp4_linear": "compact"}, "MatMulNvfp4": {"fp4_linear": "compact"},
+           "MatMulNvfp4R16": {"fp4_linear": "compact"}}
 
 
 @pytest.mark.parametrize("recipe,op", SCHEMES)
@@ -77,7 +78,7 @@ def test_compact_form_keeps_checkpoint_bytes(exports, recipe, op, tmp_path):
 
 @pytest.mark.parametrize("recipe,op", [("fp8_w8a8_kv", "MatMulFp8"), ("ptpc_fp8", "MatMulFp8"),
                                        ("int8_w8a8", "MatMulInt8W8A8"), ("mxfp4", "MatMulMxfp4"),
-                                       ("nvfp4", "MatMulNvfp4")])
+                                       ("nvfp4", "MatMulNvfp4R16")])
 def test_compact_form_logits(exports, recipe, op, tmp_path):
     """FP4: the compact form vs Quark's own model (reference.npz, the FP4 tests' tolerance). FP8/INT8: vs the dense
     fp32 form, which the scheme tests hold to the emulation of Quark (tests/test_fp8_w8a8.py, test_int8_w8a8.py):
@@ -85,7 +86,7 @@ def test_compact_form_logits(exports, recipe, op, tmp_path):
     ref = np.load(exports[recipe] / "reference.npz")
     out = build(exports[recipe], tmp_path / "m", **COMPACT[op])
     logits = prompt_logits(out, ref["input_ids"])
-    if op in ("MatMulMxfp4", "MatMulNvfp4"):
+    if op in ("MatMulMxfp4", "MatMulNvfp4R16"):
         assert np.abs(logits - ref["logits"]).max() < 1e-4
     else:
         dense = build(exports[recipe], tmp_path / "d", custom_ops_library="none")
@@ -174,7 +175,7 @@ def _optimized_initializers(model_dir: Path, library: str, tmp_path: Path) -> tu
 
 
 @pytest.mark.parametrize("recipe,op", [("mxfp4", "MatMulMxfp4"), ("fp8_w8a8", "MatMulFp8"),
-                                       ("int8_w8a8", "MatMulInt8W8A8"), ("nvfp4", "MatMulNvfp4")])
+                                       ("int8_w8a8", "MatMulInt8W8A8"), ("nvfp4", "MatMulNvfp4R16")])
 def test_ort_keeps_compact_weights(exports, recipe, op, tmp_path):
     """With the library's kernel, ORT's optimizer leaves the node and its compact weight alone (no fp32 copy)."""
     out = build(exports[recipe], tmp_path / "m", **COMPACT[op])
@@ -211,7 +212,7 @@ def test_no_library_4bit_weights_get_matmul_nbits(quark_exports, tmp_path, monke
 
 
 @pytest.mark.parametrize("recipe,op", [("fp8_w8a8", "MatMulFp8"), ("int4_g64", "MatMulInt4"),
-                                       ("nvfp4", "MatMulNvfp4")])
+                                       ("nvfp4", "MatMulNvfp4R16")])
 def test_bf16_checkpoint_keeps_bf16_embedding_and_lm_head(quark_exports, recipe, op, tmp_path):
     """A bf16 export, 4-bit integer schemes included: the embedding (Gather + Cast) and the lm_head (MatMulBf16) keep
     the checkpoint's bf16 bits by default; exact, so the logits equal the fp32 form's up to summation order."""
@@ -229,3 +230,22 @@ def test_bf16_checkpoint_keeps_bf16_embedding_and_lm_head(quark_exports, recipe,
     assert "MatMulBf16" not in op_types(dense)
     ids = np.load(export / "reference.npz")["input_ids"]
     assert np.abs(prompt_logits(out, ids) - prompt_logits(dense, ids)).max() <= 5e-6
+
+
+def test_fp4_tiles_and_checkpoint_order_forms(exports, tmp_path):
+    """NVFP4 (float A after its activation emulation): the default writes the weight in 16-row tiles
+    (MatMulNvfp4R16, builder/quant/fp4_tiles.py); `fp4_linear=compact_rows` keeps MatMulNvfp4 on the checkpoint's
+    order. The same bytes, and both within the FP4 tolerance of Quark's logits. MXFP4 whose activations the graph
+    puts on the MXFP4 grid keeps MatMulMxfp4 (its exact block-integer path); a cpu-only form on cuda is refused."""
+    from builder.errors import ConversionError
+    ref = np.load(exports["nvfp4"] / "reference.npz")
+    tiles = build(exports["nvfp4"], tmp_path / "t")
+    rows = build(exports["nvfp4"], tmp_path / "r", fp4_linear="compact_rows")
+    assert op_types(tiles).get("MatMulNvfp4R16") == 14 and "MatMulNvfp4" not in op_types(tiles)
+    assert op_types(rows).get("MatMulNvfp4") == 14 and "MatMulNvfp4R16" not in op_types(rows)
+    assert output_tensor_bytes(tiles) == output_tensor_bytes(rows)
+    for out in (tiles, rows):
+        assert np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max() < 1e-4
+    assert op_types(build(exports["mxfp4"], tmp_path / "m")).get("MatMulMxfp4") == 14
+    with pytest.raises(ConversionError, match="compact_rows is a cpu EP form"):
+        build(exports["nvfp4"], tmp_path / "c", ep="cuda", fp4_linear="compact_rows")

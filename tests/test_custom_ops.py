@@ -286,7 +286,8 @@ def test_make_node_validates():
     node = functions.make_node("MatMulFp8W8A8Dyn", ["A", "B", "S"], ["Y"])
     assert node.domain == functions.DOMAIN == "com.quark_onnx"
     assert set(functions.FUNCTIONS) == {"MatMulMxfp4", "MatMulFp8W8A8", "MatMulFp8W8A8Dyn", "MatMulBf16", "MatMulFp8",
-                                        "MatMulInt8", "MatMulInt8W8A8", "MatMulNvfp4", "MatMulExpertsMxfp4", "MatMulExpertsNvfp4",
+                                        "MatMulInt8", "MatMulInt8W8A8", "MatMulNvfp4", "MatMulMxfp4R16", "MatMulNvfp4R16",
+                                        "MatMulExpertsMxfp4", "MatMulExpertsNvfp4",
                                         "MatMulExpertsFp8", "MatMulExpertsInt8", "MatMulUint4", "MatMulInt4",
                                         "MatMulExpertsUint4", "MatMulExpertsInt4", "GroupQueryAttentionFixedOrder",
                                         "GroupQueryAttentionFixedOrderSinks"}

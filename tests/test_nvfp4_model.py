@@ -23,7 +23,8 @@ def test_nvfp4_cpu_matches_quark(nvfp4_export, tmp_path):
     assert np.abs(logits - ref["logits"]).max() < LOGIT_TOL
     assert genai_greedy(out, ref["input_ids"]) == ref["greedy"].tolist()
     assert check_weights_bit_exact(nvfp4_export, out) == 14
-    assert op_types(out).get("MatMulNvfp4", 0) == (14 if cpu_library_has_kernel("MatMulNvfp4") else 0)
+    # the weight in 16-row tiles (builder/quant/fp4_tiles.py)
+    assert op_types(out).get("MatMulNvfp4R16", 0) == (14 if cpu_library_has_kernel("MatMulNvfp4R16") else 0)
     nbits = build(nvfp4_export, tmp_path / "n", fp4_linear="matmul_nbits8", accuracy_level=1)
     assert check_weights_bit_exact(nvfp4_export, nbits) == 14
     assert np.abs(prompt_logits(nbits, ref["input_ids"]) - ref["logits"]).max() < LOGIT_TOL

@@ -611,8 +611,11 @@ def emit_routed_experts(ctx, x: str, routing: Routing, experts: list[tuple], act
 # slot) pairs by expert, so a prefill reads each chosen expert once (a token-sorted grouped GEMM): no If and no
 # every-expert branch (docs/moe.md, "CPU decode speed"). Without the library the nodes' ONNX functions run the
 # routed standard-op form (Gather of the chosen experts, decode, batched MatMul).
-EXPERTS_OPS = {"mxfp4": ("MatMulExpertsMxfp4", "MatMulMxfp4"), "mxfp4_fp8": ("MatMulExpertsMxfp4", "MatMulMxfp4"),
-               "fp8": ("MatMulExpertsFp8", "MatMulFp8"), "nvfp4": ("MatMulExpertsNvfp4", "MatMulNvfp4"),
+# (the dense FP4 layers' ops include their 16-row-tile forms, builder/quant/fp4_tiles.py; the experts' stacks keep the
+# checkpoint's layout)
+EXPERTS_OPS = {"mxfp4": ("MatMulExpertsMxfp4", "MatMulMxfp4", "MatMulMxfp4R16"),
+               "mxfp4_fp8": ("MatMulExpertsMxfp4", "MatMulMxfp4", "MatMulMxfp4R16"),
+               "fp8": ("MatMulExpertsFp8", "MatMulFp8"), "nvfp4": ("MatMulExpertsNvfp4", "MatMulNvfp4", "MatMulNvfp4R16"),
                "int8_w8a8": ("MatMulExpertsInt8", "MatMulInt8", "MatMulInt8W8A8")}  # experts op, the dense layers' ops
 
 

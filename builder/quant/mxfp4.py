@@ -33,9 +33,11 @@ from .fp4_int8_dq import emit_weight_dq_int8
 from .mx_gemm import DESCRIBE as MX_GEMM_DESCRIBE
 from .mx_gemm import emit_mx_matmul, emit_weight_mx, mx_gemm_applies
 from .base import LinearPlan, Scheme
+from . import fp4_tiles
 
-FP4_LINEAR_METHODS = ("compact", "matmul_nbits8", "native", "dq_fp8", "dq_int8", "dense")
-CUSTOM_OP_FORMS = {"mxfp4": {"compact": "MatMulMxfp4", "native": "MatMulMxfp4"}, "nvfp4": {"compact": "MatMulNvfp4"}}
+FP4_LINEAR_METHODS = ("compact", "compact_rows", "matmul_nbits8", "native", "dq_fp8", "dq_int8", "dense")
+CUSTOM_OP_FORMS = {"mxfp4": {"compact": "MatMulMxfp4", "compact_rows": "MatMulMxfp4", "native": "MatMulMxfp4"},
+                   "nvfp4": {"compact": "MatMulNvfp4", "compact_rows": "MatMulNvfp4"}}
 MX_ACTIVATION_OPTIONS = ("emulate", "skip")
 MXFP4_GROUP = 32
 
@@ -194,20 +196,33 @@ class Mxfp4Linear(Scheme):
         scale = fp4_codes.e8m0_scales(_e8m0_bytes(ckpt, f"{plan.name}.weight_scale"))
         return Fp4Weight(codes, scale, MXFP4_GROUP)
 
+    # Quark's w_mxfp4_a_mxfp4: the graph puts A on the MXFP4 grid, which MatMulMxfp4 sums exactly (fp4_tiles.py)
+    GRID_ACTIVATIONS = True
+
+    @classmethod
+    def tiles(cls, plan: LinearPlan, ep, io: str | None) -> bool:
+        return fp4_tiles.tiles_apply(plan, ep, io, cls.GRID_ACTIVATIONS and bool(plan.spec.input_tensors))
+
     @classmethod
     def custom_op(cls, plan: LinearPlan, ep, io: str | None = None) -> str | None:
-        """MatMulMxfp4 on the native and compact forms (when custom_ops is importable), else None."""
-        return fp4_custom_op("mxfp4", ep)
+        """MatMulMxfp4 on the native and compact forms (MatMulMxfp4R16 where fp4_tiles applies; when custom_ops is
+        importable), else None."""
+        op = fp4_custom_op("mxfp4", ep)
+        return fp4_tiles.TILE_OPS["mxfp4"] if op and cls.tiles(plan, ep, io) else op
 
     @classmethod
     def describe(cls, plan: LinearPlan, ep) -> str:
         if mx_gemm_applies(ep, plan) is None:
             return MX_GEMM_DESCRIBE
         act = " + MXFP4 dynamic activation emulation" if plan.spec.input_tensors else ""
+        if cls.tiles(plan, ep, None):
+            return fp4_tiles.describe("mxfp4", act)
         return {"matmul_nbits8": f"MatMulNBits bits=8 block_size=32 (lossless 2*e2m1+128){act}",
                 "native": f"com.quark_onnx MatMulMxfp4 (+ function fallback){act}",
                 "compact": f"com.quark_onnx MatMulMxfp4 on the checkpoint's bytes (compact CPU default, + function "
                            f"fallback){act}",
+                "compact_rows": f"com.quark_onnx MatMulMxfp4 on the checkpoint's bytes in their order (+ function "
+                                f"fallback){act}",
                 "dq_fp8": f"DequantizeLinear(e2m1 as float8e4m3fn, block 32) -> MatMul{act}",
                 "dq_int8": DQ_INT8_DESCRIBE.format(group=MXFP4_GROUP) + act,
                 "dense": f"MatMul (dequantized MXFP4 weight){act}"}[ep.fp4_linear]
@@ -228,7 +243,11 @@ class Mxfp4Linear(Scheme):
     def emit_weight(cls, ctx, plan: LinearPlan, x: str) -> str:
         """x @ W in the EP's FP4 weight form (MatMulMxfp4 where chosen and importable, else the 8-bit re-encoding)."""
         method = fp4_linear_method(ctx)
-        if method in ("native", "compact"):
+        if method == "compact" and cls.tiles(plan, ctx.ep, ctx.io):
+            y = fp4_tiles.emit_fp4_tiles(ctx, plan, x, "mxfp4")
+            if y is not None:
+                return y
+        if method in ("native", "compact", "compact_rows"):
             y = emit_matmul_mxfp4_custom(ctx, plan, x)
             if y is not None:
                 return y

@@ -16,6 +16,7 @@ from dataclasses import replace
 from ..ops.qdq import qdq_static
 from .base import LinearPlan
 from .fp8_w8a8 import scalar_scale
+from . import fp4_tiles
 from .mxfp4 import Mxfp4Linear, fail
 
 
@@ -39,12 +40,18 @@ class Mxfp4Fp8Linear(Mxfp4Linear):
                  "input_tensors.dtype", "fp8_e4m3")
         scalar_scale(ckpt, f"{plan.name}.input_scale")  # one positive finite value
 
+    GRID_ACTIVATIONS = False  # FP8 activations: float A, the tiled form applies (fp4_tiles.py)
+
     @classmethod
     def describe(cls, plan: LinearPlan, ep) -> str:
+        if cls.tiles(plan, ep, None):
+            return fp4_tiles.describe("mxfp4") + " + FP8 static activation Q/DQ"
         what = {"matmul_nbits8": "MatMulNBits bits=8 block_size=32 (lossless 2*e2m1+128)",
                 "native": "com.quark_onnx MatMulMxfp4 (+ function fallback)",
                 "compact": "com.quark_onnx MatMulMxfp4 on the checkpoint's bytes (compact CPU default, + function "
                            "fallback)",
+                "compact_rows": "com.quark_onnx MatMulMxfp4 on the checkpoint's bytes in their order (+ function "
+                                "fallback)",
                 "dq_fp8": "DequantizeLinear(e2m1 as float8e4m3fn, block 32) -> MatMul",
                 "dense": "MatMul (dequantized MXFP4 weight)"}[ep.fp4_linear]
         return f"{what} + FP8 static activation Q/DQ"

@@ -25,6 +25,7 @@ from ..ops.mx_activation import Fp4ActivationSpec, emit_fp4_activation_qdq
 from . import fp4_codes
 from .fp4_int8_dq import DESCRIBE as DQ_INT8_DESCRIBE
 from .base import LinearPlan, Scheme
+from . import fp4_tiles
 from .mxfp4 import (Fp4Weight, check_real_quantized, emit_fp4_weight, emulate_activations, expect_tensor, fail,
                     fp4_custom_op, fp4_linear_method)
 
@@ -74,10 +75,14 @@ class Nvfp4Linear(Scheme):
     @classmethod
     def describe(cls, plan: LinearPlan, ep) -> str:
         act = " + NVFP4 activation emulation (input_scale_2)" if plan.spec.input_tensors else ""
+        if fp4_tiles.tiles_apply(plan, ep, None):
+            return fp4_tiles.describe("nvfp4", act)
         return {"matmul_nbits8": f"MatMulNBits bits=8 block_size=16 (lossless 2*e2m1+128){act}",
                 "native": f"com.microsoft MatMulBlockQuantizedFp4Weight (fp16/bf16 io){act}",
                 "compact": f"com.quark_onnx MatMulNvfp4 on the checkpoint's bytes (compact CPU default, + function "
                            f"fallback){act}",
+                "compact_rows": f"com.quark_onnx MatMulNvfp4 on the checkpoint's bytes in their order (+ function "
+                                f"fallback){act}",
                 "dq_fp8": f"DequantizeLinear(e2m1 as float8e4m3fn, block 16) -> MatMul{act}",
                 "dq_int8": DQ_INT8_DESCRIBE.format(group=NVFP4_GROUP) + act,
                 "dense": f"MatMul (dequantized NVFP4 weight){act}"}[ep.fp4_linear]
@@ -89,7 +94,9 @@ class Nvfp4Linear(Scheme):
             x = emit_fp4_activation_qdq(ctx, x, Fp4ActivationSpec("nvfp4", NVFP4_GROUP, input_scale_2=s2),
                                         plan.node_prefix)
         method = fp4_linear_method(ctx)
-        if method == "compact":
+        if method in ("compact", "compact_rows"):
+            if fp4_custom_op("nvfp4", ctx.ep) and fp4_tiles.tiles_apply(plan, ctx.ep, ctx.io):
+                return fp4_tiles.emit_fp4_tiles(ctx, plan, x, "nvfp4")
             if fp4_custom_op("nvfp4", ctx.ep):
                 return cls._emit_matmul_nvfp4(ctx, plan, x)
             method = "dense"
@@ -104,7 +111,8 @@ class Nvfp4Linear(Scheme):
 
     @classmethod
     def custom_op(cls, plan: LinearPlan, ep, io: str | None = None) -> str | None:
-        return fp4_custom_op("nvfp4", ep)
+        op = fp4_custom_op("nvfp4", ep)
+        return fp4_tiles.TILE_OPS["nvfp4"] if op and fp4_tiles.tiles_apply(plan, ep, io) else op
 
     @staticmethod
     def _emit_matmul_nvfp4(ctx, plan: LinearPlan, x: str) -> str:
