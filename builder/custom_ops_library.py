@@ -39,6 +39,8 @@ OP_SYMBOLS = {"MatMulMxfp4": "qo_matmul_mxfp4_f32", "MatMulFp8W8A8": "qo_matmul_
               "MatMulFp8": "qo_matmul_fp8_f32", "MatMulInt8": "qo_matmul_int8_f32",
               "MatMulInt8W8A8": "qo_matmul_int8_w8a8_f32", "MatMulNvfp4": "qo_matmul_nvfp4_f32",
               "MatMulMxfp4R16": "qo_matmul_mxfp4_r16_f32", "MatMulNvfp4R16": "qo_matmul_nvfp4_r16_f32",
+              "MatMulExpertsMxfp4R16": "qo_matmul_experts_mxfp4_r16_f32",
+              "MatMulExpertsNvfp4R16": "qo_matmul_experts_nvfp4_r16_f32",
               "MatMulExpertsMxfp4": "qo_matmul_experts_mxfp4_f32", "MatMulExpertsNvfp4": "qo_matmul_experts_nvfp4_f32",
               "MatMulExpertsFp8": "qo_matmul_experts_fp8_f32", "MatMulExpertsInt8": "qo_matmul_experts_int8_f32",
               "MatMulUint4": "qo_matmul_int4_f32", "MatMulInt4": "qo_matmul_int4_f32",

@@ -266,6 +266,39 @@ def MatMulExpertsNvfp4(A, expert_ids, B: UINT8[...], B_scale: FLOAT8E4M3FN[...],
     return Y
 
 
+SHAPE_E_TILE_ROWS = _ints("shape_e_tile_rows", [0, 0, 0, 16, 4])
+ZERO_1D_E = _ints("zero_1d_e", [0])
+
+
+@script(quark_onnx)
+def MatMulExpertsMxfp4R16(A, expert_ids, B: UINT8[...], B_scale: UINT8[...]):
+    """MatMulExpertsMxfp4 on stacks of 16-row tiles (custom_ops/fp4_r16.py per expert): B uint8 [E, N/16, K/8, 64],
+    B_scale uint8 [E, N/16, K/32, 16], put back to [E, N, K/2] / [E, N, K/32], then MatMulExpertsMxfp4's body."""
+    zero = op.Constant(value=ZERO_1D_E)
+    minus_one = op.Constant(value=MINUS_ONE_1D)
+    tiles = op.Transpose(op.Reshape(B, op.Constant(value=SHAPE_E_TILE_ROWS)), perm=[0, 1, 3, 2, 4])
+    half_k = op.Mul(op.Shape(B, start=2, end=3), op.Constant(value=FOUR_1D))
+    b_rows = op.Reshape(tiles, op.Concat(zero, minus_one, half_k, axis=0))                     # [E, N, K/2]
+    s_rows = op.Reshape(op.Transpose(B_scale, perm=[0, 1, 3, 2]),
+                        op.Concat(zero, minus_one, op.Shape(B_scale, start=2, end=3), axis=0))   # [E, N, K/32]
+    Y = quark_onnx.MatMulExpertsMxfp4(A, expert_ids, b_rows, s_rows)
+    return Y
+
+
+@script(quark_onnx)
+def MatMulExpertsNvfp4R16(A, expert_ids, B: UINT8[...], B_scale: FLOAT8E4M3FN[...], B_scale_2: FLOAT[...]):
+    """MatMulExpertsNvfp4 on stacks of 16-row tiles: B uint8 [E, N/16, K/8, 64], B_scale e4m3fn [E, N/16, K/16, 16]."""
+    zero = op.Constant(value=ZERO_1D_E)
+    minus_one = op.Constant(value=MINUS_ONE_1D)
+    tiles = op.Transpose(op.Reshape(B, op.Constant(value=SHAPE_E_TILE_ROWS)), perm=[0, 1, 3, 2, 4])
+    half_k = op.Mul(op.Shape(B, start=2, end=3), op.Constant(value=FOUR_1D))
+    b_rows = op.Reshape(tiles, op.Concat(zero, minus_one, half_k, axis=0))
+    s_rows = op.Reshape(op.Transpose(B_scale, perm=[0, 1, 3, 2]),
+                        op.Concat(zero, minus_one, op.Shape(B_scale, start=2, end=3), axis=0))
+    Y = quark_onnx.MatMulExpertsNvfp4(A, expert_ids, b_rows, s_rows, B_scale_2)
+    return Y
+
+
 @script(quark_onnx)
 def MatMulExpertsFp8(A, expert_ids, B: FLOAT8E4M3FN[...], B_scale: FLOAT[...]):
     """As MatMulExpertsMxfp4 with MatMulFp8 weights: B e4m3fn [E, N, K], B_scale float32 [E] or [E, N]."""
@@ -529,7 +562,7 @@ def GroupQueryAttentionFixedOrderSinks(query: FLOAT[...], key: FLOAT[...], value
 
 BODIES = {fn.name: fn for fn in (MatMulUint4, MatMulInt4, MatMulMxfp4, MatMulFp8W8A8, MatMulFp8W8A8Dyn, MatMulBf16, MatMulFp8, MatMulInt8,
                                  MatMulInt8W8A8,
-                                 MatMulNvfp4, MatMulMxfp4R16, MatMulNvfp4R16, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
+                                 MatMulNvfp4, MatMulMxfp4R16, MatMulNvfp4R16, MatMulExpertsMxfp4R16, MatMulExpertsNvfp4R16, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
                                  MatMulExpertsInt8, MatMulExpertsUint4, MatMulExpertsInt4,
                                  GroupQueryAttentionFixedOrder, GroupQueryAttentionFixedOrderSinks, GqaFixedOrderScores,
                                  Int8BlockActivations)}

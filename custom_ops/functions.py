@@ -97,6 +97,8 @@ FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
     # routed experts (qo_cpu_experts.c): the chosen experts' stacked weights read in place
     "MatMulExpertsMxfp4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsMxfp4", opset),
     "MatMulExpertsNvfp4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsNvfp4", opset),
+    "MatMulExpertsMxfp4R16": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsMxfp4R16", opset),
+    "MatMulExpertsNvfp4R16": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsNvfp4R16", opset),
     "MatMulExpertsFp8": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsFp8", opset),
     "MatMulExpertsInt8": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsInt8", opset),
     "MatMulExpertsUint4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsUint4", opset),
@@ -111,10 +113,13 @@ FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
 HELPERS: dict[str, Callable[..., onnx.FunctionProto]] = {
     "MatMulMxfp4": matmul_mxfp4_function,
     "MatMulNvfp4": matmul_nvfp4_function,
+    "MatMulExpertsMxfp4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsMxfp4", opset),
+    "MatMulExpertsNvfp4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsNvfp4", opset),
     "Int8BlockActivations": lambda opset=DEFAULT_ONNX_OPSET: function_proto("Int8BlockActivations", opset),
     "GqaFixedOrderScores": lambda opset=DEFAULT_ONNX_OPSET: function_proto("GqaFixedOrderScores", opset),
 }
 HELPERS_USED = {"MatMulMxfp4R16": ("MatMulMxfp4",), "MatMulNvfp4R16": ("MatMulNvfp4",),
+                "MatMulExpertsMxfp4R16": ("MatMulExpertsMxfp4",), "MatMulExpertsNvfp4R16": ("MatMulExpertsNvfp4",),
                 "MatMulExpertsUint4": ("Int8BlockActivations",), "MatMulExpertsInt4": ("Int8BlockActivations",),
                 "GroupQueryAttentionFixedOrder": ("GqaFixedOrderScores",),
                 "GroupQueryAttentionFixedOrderSinks": ("GqaFixedOrderScores",)}
@@ -138,6 +143,8 @@ OP_INPUTS = {
     "MatMulNvfp4R16": ("A", "B", "B_scale", "B_scale_2"),
     "MatMulExpertsMxfp4": ("A", "expert_ids", "B", "B_scale"),
     "MatMulExpertsNvfp4": ("A", "expert_ids", "B", "B_scale", "B_scale_2"),
+    "MatMulExpertsMxfp4R16": ("A", "expert_ids", "B", "B_scale"),
+    "MatMulExpertsNvfp4R16": ("A", "expert_ids", "B", "B_scale", "B_scale_2"),
     "MatMulExpertsFp8": ("A", "expert_ids", "B", "B_scale"),
     "MatMulExpertsInt8": ("A", "expert_ids", "B", "B_scale"),
     "MatMulExpertsUint4": ("A", "expert_ids", "B", "scales", "zero_points"),
@@ -162,6 +169,8 @@ OP_REQUIRED_ATTRIBUTES = {
     "MatMulNvfp4R16": ("K", "N"),
     "MatMulExpertsMxfp4": (),
     "MatMulExpertsNvfp4": (),
+    "MatMulExpertsMxfp4R16": (),
+    "MatMulExpertsNvfp4R16": (),
     "MatMulExpertsFp8": (),
     "MatMulExpertsInt8": (),
     "MatMulExpertsUint4": (),

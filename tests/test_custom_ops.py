@@ -287,6 +287,7 @@ def test_make_node_validates():
     assert node.domain == functions.DOMAIN == "com.quark_onnx"
     assert set(functions.FUNCTIONS) == {"MatMulMxfp4", "MatMulFp8W8A8", "MatMulFp8W8A8Dyn", "MatMulBf16", "MatMulFp8",
                                         "MatMulInt8", "MatMulInt8W8A8", "MatMulNvfp4", "MatMulMxfp4R16", "MatMulNvfp4R16",
+                                        "MatMulExpertsMxfp4R16", "MatMulExpertsNvfp4R16",
                                         "MatMulExpertsMxfp4", "MatMulExpertsNvfp4",
                                         "MatMulExpertsFp8", "MatMulExpertsInt8", "MatMulUint4", "MatMulInt4",
                                         "MatMulExpertsUint4", "MatMulExpertsInt4", "GroupQueryAttentionFixedOrder",

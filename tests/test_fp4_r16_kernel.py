@@ -174,3 +174,54 @@ def test_ort_op_equals_the_kernel_and_the_function(ort_ops_library, nv):
     bound = k * 2.0**-24 * (np.abs(a).astype(np.float64) @ np.abs(w).T)
     assert np.all(np.abs(fallback - ref) <= bound)
     assert with_lib.shape == (2, 5, n)
+
+
+@pytest.mark.parametrize("fmt", ["Mxfp4", "Nvfp4"])
+@pytest.mark.parametrize("t,per_slot", [(1, False), (3, True), (24, False)])
+def test_experts_r16_op(fmt, t, per_slot, ort_ops_library):
+    """MatMulExperts{Mxfp4,Nvfp4}R16 (stacks of 16-row tiles): 1 and 2 threads and the portable path the same bits;
+    each output bit for bit the dense MatMul*R16 on that chosen expert's weight; within the sequential-sum bound of
+    a float64 product of numpy's decoding (tests/test_cpu_kernel_formats.py's decoders, on the checkpoint bytes);
+    the ONNX-function fallback too. T = 24 with 6 experts top-3: experts with > 4 rows."""
+    from onnx import TensorProto
+    from test_cpu_kernel_formats import mxfp4_weight, nvfp4_weight
+    from test_matmul_experts import _init, dense_model, experts_model, reference, route
+
+    rng = np.random.default_rng(7 * t + (fmt == "Nvfp4"))
+    e, k, n, kk = 6, 3, 48, 96
+    nv = fmt == "Nvfp4"
+    b = rng.integers(0, 256, (e, n, kk // 2), dtype=np.uint8)
+    s = (rng.integers(0x08, 0x7E, (e, n, kk // 16), dtype=np.uint8) if nv
+         else rng.integers(118, 134, (e, n, kk // 32), dtype=np.uint8))
+    s2 = rng.uniform(0.01, 0.03, e).astype(np.float32)
+    w = [nvfp4_weight(b[i], s[i], s2[i]) if nv else mxfp4_weight(b[i], s[i]) for i in range(e)]
+    packed = [fp4_r16.pack(b[i], s[i]) for i in range(e)]
+    elem = TensorProto.FLOAT8E4M3FN if nv else None
+
+    def inits(bb, ss, s2v):
+        out = {"B": _init("B", bb), "B_scale": _init("B_scale", ss, elem)}
+        if nv:
+            out["B_scale_2"] = _init("B_scale_2", s2v)
+        return out
+
+    model = experts_model(fmt + "R16", inits(np.stack([p[0] for p in packed]), np.stack([p[1] for p in packed]), s2))
+    ids = route(rng, t, e, k)
+    a = rng.standard_normal((t, k, kk) if per_slot else (t, kk)).astype(np.float32)
+    feeds = {"A": a, "expert_ids": ids}
+    y_ref, bound = reference(a, ids, w)
+    outs = [session(model, library=ort_ops_library, threads=th).run(None, feeds)[0] for th in (1, 2)]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    y = outs[0]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QO_CPU_KERNELS", "portable")
+        np.testing.assert_array_equal(session(model, library=ort_ops_library, threads=2).run(None, feeds)[0], y)
+    assert y.shape == (t, k, n)
+    assert np.all(np.abs(y - y_ref) <= kk * 2.0**-24 * bound)
+    for ex in np.unique(ids):
+        dense = dense_model(fmt + "R16", inits(packed[ex][0], packed[ex][1], np.array(s2[ex])), {"K": kk, "N": n})
+        dsess = session(dense, library=ort_ops_library, threads=1)
+        for i, slot in zip(*np.nonzero(ids == ex)):
+            row = (a[i] if a.ndim == 2 else a[i, slot])[None]
+            np.testing.assert_array_equal(dsess.run(None, {"A": row})[0][0], y[i, slot])
+    y_fn = session(model).run(None, feeds)[0]
+    assert np.all(np.abs(y_fn - y_ref) <= kk * 2.0**-24 * bound)

@@ -27,8 +27,10 @@ CASES = ([("qwen3_moe", r) for r in ("mxfp4", "mxfp4_fp8", "fp8_w8a8", "nvfp4")]
          + [("qwen2_moe", r) for r in ("mxfp4", "fp8_w8a8", "nvfp4", "int8_w8a8")]
          + [("mixtral", "mxfp4"), ("deepseek_v3", "mxfp4"), ("mixtral", "nvfp4"), ("mixtral", "int8_w8a8")]
          + [("gpt_oss", r) for r in ("mxfp4", "mxfp4_fp8", "fp8_w8a8", "nvfp4", "int8_w8a8")])
-OP = {"mxfp4": "MatMulExpertsMxfp4", "mxfp4_fp8": "MatMulExpertsMxfp4", "fp8_w8a8": "MatMulExpertsFp8",
-      "nvfp4": "MatMulExpertsNvfp4", "int8_w8a8": "MatMulExpertsInt8"}
+# mxfp4 (A on the MXFP4 grid) keeps the checkpoint's order; FP4 experts with float A take 16-row tiles
+# (builder/ops/routed_experts.py _tiled_experts_op)
+OP = {"mxfp4": "MatMulExpertsMxfp4", "mxfp4_fp8": "MatMulExpertsMxfp4R16", "fp8_w8a8": "MatMulExpertsFp8",
+      "nvfp4": "MatMulExpertsNvfp4R16", "int8_w8a8": "MatMulExpertsInt8"}
 
 
 # qwen3_moe INT8 W8A8: with the library its logits are 1.6e-2 from Quark's in every MoE form that runs after
@@ -164,9 +166,9 @@ def _check_stacks(out, op: str, nodes: int) -> None:
     for n in found:
         b, scale = inits[n.input[2]], inits[n.input[3]]
         e = b.dims[0]
-        if op == "MatMulExpertsNvfp4":
+        if op == "MatMulExpertsNvfp4R16":  # [E, N/16, K/8, 64] codes, [E, N/16, K/16, 16] e4m3fn block scales
             assert b.data_type == onnx.TensorProto.UINT8 and scale.data_type == onnx.TensorProto.FLOAT8E4M3FN
-            assert list(scale.dims) == [e, b.dims[1], b.dims[2] * 2 // 16]
+            assert b.dims[3] == 64 and list(scale.dims) == [e, b.dims[1], b.dims[2] * 8 // 16, 16]
             assert list(inits[n.input[4]].dims) == [e]
         else:
             assert b.data_type == onnx.TensorProto.INT8 and list(scale.dims) in ([e], [e, b.dims[1]])

@@ -739,16 +739,45 @@ def fuses_gate_up(experts: list[tuple]) -> bool:
     return True
 
 
+TILED_EXPERTS_OPS = {"mxfp4": "MatMulExpertsMxfp4R16", "mxfp4_fp8": "MatMulExpertsMxfp4R16",
+                     "nvfp4": "MatMulExpertsNvfp4R16"}
+
+
+def _tiled_experts_op(ctx, key, first) -> str | None:
+    """The 16-row-tile experts op for a stack (builder/quant/fp4_tiles.py's rule: the cpu compact FP4 form, N % 16 == 0,
+    MXFP4 only where the graph does not put A on the MXFP4 grid; and the library's kernel), else None."""
+    from ..custom_ops_library import OP_SYMBOLS, exported_kernels
+    op = TILED_EXPERTS_OPS.get(key[0])
+    if (op is None or ctx.ep.fp4_linear != COMPACT or first.out_features % 16 or _mx_mode(ctx, key) is not None
+            or OP_SYMBOLS[op] not in exported_kernels(str(ctx.options.custom_ops_library))):
+        return None
+    return op
+
+
+def _tiled_arrays(arrays_of):
+    """arrays_of with the FP4 data and block scales in 16-row tiles (custom_ops/fp4_r16.py pack, per expert)."""
+    from custom_ops import fp4_r16
+
+    def tiled(ctx, plan) -> dict[str, np.ndarray]:
+        out = arrays_of(ctx, plan)
+        scale = out["scale"]
+        data, tiles = fp4_r16.pack(out["data"], scale.view(np.uint8))
+        return {**out, "data": data, "scale": tiles.view(scale.dtype)}
+    return tiled
+
+
 def build_op_stack(ctx, plans: list, name: str) -> OpStack:
     """plans: one projection's plan per expert, or (gate, up) pairs (fuses_gate_up) stacked as one [E, 2N, ...]."""
     g = ctx.graph
     pairs = isinstance(plans[0], tuple)
     first = plans[0][0] if pairs else plans[0]
     key = stack_key(first)
+    tiled_op = _tiled_experts_op(ctx, key, first)
+    arrays_of = _pair_arrays if pairs else _op_expert_arrays
     data, small, _head = _stream_stack(ctx, plans, f"{name}.experts_op.data",
-                                       _pair_arrays if pairs else _op_expert_arrays, (-1,))
+                                       _tiled_arrays(arrays_of) if tiled_op else arrays_of, (-1,))
     names = {"data": data}
-    op = EXPERTS_OPS[key[0]][0] if key[0] != "int" else None
+    op = tiled_op or (EXPERTS_OPS[key[0]][0] if key[0] != "int" else None)
     for role, arrs in small.items():
         arr = np.stack(arrs)
         if role == "scale" and key[0] in ("fp8", "int8_w8a8") and arr.shape[1] == 1:

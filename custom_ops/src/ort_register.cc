@@ -523,6 +523,8 @@ const char* ExpertsOpName(int fmt) {
   switch (fmt) {
     case QO_FMT_MXFP4: return "MatMulExpertsMxfp4";
     case QO_FMT_NVFP4: return "MatMulExpertsNvfp4";
+    case QO_FMT_MXFP4_R16: return "MatMulExpertsMxfp4R16";
+    case QO_FMT_NVFP4_R16: return "MatMulExpertsNvfp4R16";
     case QO_FMT_FP8: return "MatMulExpertsFp8";
     case kExpertsUint4: return "MatMulExpertsUint4";
     case kExpertsInt4: return "MatMulExpertsInt4";
@@ -538,7 +540,7 @@ const char* ORT_API_CALL ExpertsProvider(const OrtCustomOp*) { return "CPUExecut
 
 size_t ORT_API_CALL ExpertsInputCount(const OrtCustomOp* op) {
   const int fmt = static_cast<const QoExpertsOp*>(op)->fmt;
-  return fmt == QO_FMT_NVFP4 || fmt == kExpertsUint4 ? 5 : 4;
+  return fmt == QO_FMT_NVFP4 || fmt == QO_FMT_NVFP4_R16 || fmt == kExpertsUint4 ? 5 : 4;
 }
 
 ONNXTensorElementDataType ORT_API_CALL ExpertsInputType(const OrtCustomOp* op, size_t index) {
@@ -556,8 +558,9 @@ ONNXTensorElementDataType ORT_API_CALL ExpertsInputType(const OrtCustomOp* op, s
       return fmt == QO_FMT_FP8 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN
              : fmt == QO_FMT_INT8 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
     case 3:
-      return fmt == QO_FMT_MXFP4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8
-             : fmt == QO_FMT_NVFP4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+      return fmt == QO_FMT_MXFP4 || fmt == QO_FMT_MXFP4_R16 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8
+             : fmt == QO_FMT_NVFP4 || fmt == QO_FMT_NVFP4_R16 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN
+                                                              : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     default: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
 }
@@ -606,15 +609,18 @@ OrtStatus* ORT_API_CALL ExpertsCompute(void* kernel, OrtKernelContext* context) 
   QO_RETURN_IF_ERROR(Input(context, 1, &ids, &ids_data));
   QO_RETURN_IF_ERROR(Input(context, 2, &b, &b_data));
   QO_RETURN_IF_ERROR(Input(context, 3, &b_scale, &s_data));
-  if (fmt == QO_FMT_NVFP4 || fmt == kExpertsUint4) QO_RETURN_IF_ERROR(Input(context, 4, &b_scale_2, &s2_data));
-  if (ids.shape.size() != 2 || b.shape.size() != (int4 ? 4u : 3u) || (a.shape.size() != 2 && a.shape.size() != 3))
+  const bool r16 = fmt == QO_FMT_MXFP4_R16 || fmt == QO_FMT_NVFP4_R16;  // B [E, N/16, K/8, 64]
+  if (fmt == QO_FMT_NVFP4 || fmt == QO_FMT_NVFP4_R16 || fmt == kExpertsUint4)
+    QO_RETURN_IF_ERROR(Input(context, 4, &b_scale_2, &s2_data));
+  if (ids.shape.size() != 2 || b.shape.size() != (int4 || r16 ? 4u : 3u) || (a.shape.size() != 2 && a.shape.size() != 3))
     return Error(std::string(name) + ": A must be [T, K] or [T, k, K], expert_ids [T, k], B [E, N, ...]");
-  const int64_t T = ids.shape[0], k = ids.shape[1], E = b.shape[0], N = b.shape[1], K = a.shape.back();
+  const int64_t T = ids.shape[0], k = ids.shape[1], E = b.shape[0], N = r16 ? 16 * b.shape[1] : b.shape[1],
+                K = a.shape.back();
   const int64_t a_slots = a.shape.size() == 3 ? k : 1;
   if (a.shape[0] != T || (a.shape.size() == 3 && a.shape[1] != k))
     return Error(std::string(name) + ": A's leading dimensions must match expert_ids [T, k]");
   const bool fp4 = fmt == QO_FMT_MXFP4 || fmt == QO_FMT_NVFP4;
-  const int64_t block = int4 ? 2 * b.shape[3] : fmt == QO_FMT_MXFP4 ? 32 : 16;
+  const int64_t block = int4 ? 2 * b.shape[3] : fmt == QO_FMT_MXFP4 || fmt == QO_FMT_MXFP4_R16 ? 32 : 16;
   const int64_t k_blocks = block > 0 ? (K + block - 1) / block : 0;
   if (int4) {
     if (block < 16 || (block & (block - 1)) || b.shape[2] != k_blocks || K <= 0)
@@ -622,6 +628,14 @@ OrtStatus* ORT_API_CALL ExpertsCompute(void* kernel, OrtKernelContext* context) 
     if (b_scale.elements() != E * N * k_blocks) return Error(std::string(name) + ": scales must be [E, N, k_blocks]");
     if (fmt == kExpertsUint4 && b_scale_2.elements() != E * N * ((k_blocks + 1) / 2))
       return Error(std::string(name) + ": zero_points must be [E, N, ceil(k_blocks / 2)]");
+  } else if (r16) {
+    if (b.shape[3] != 64 || b.shape[2] * 8 != K || K % block != 0)
+      return Error(std::string(name) + ": B must be [E, N/16, K/8, 64] with K % " + std::to_string(block) + " == 0");
+    if (b_scale.shape.size() != 4 || b_scale.shape[0] != E || b_scale.shape[1] != N / 16 ||
+        b_scale.shape[2] != K / block || b_scale.shape[3] != 16)
+      return Error(std::string(name) + ": B_scale must be [E, N/16, K/" + std::to_string(block) + ", 16]");
+    if (fmt == QO_FMT_NVFP4_R16 && b_scale_2.elements() != E)
+      return Error(std::string(name) + ": B_scale_2 must be [E]");
   } else if (fp4) {
     if (b.shape[2] * 2 != K || K % block != 0)
       return Error(std::string(name) + ": B must be [E, N, K/2] with K % " + std::to_string(block) + " == 0");
@@ -653,6 +667,13 @@ OrtStatus* ORT_API_CALL ExpertsCompute(void* kernel, OrtKernelContext* context) 
     case QO_FMT_NVFP4:
       status = qo_matmul_experts_nvfp4_f32(A, id, B, (const uint8_t*)s_data, (const float*)s2_data, Y, T, k, a_slots,
                                            E, N, K);
+      break;
+    case QO_FMT_MXFP4_R16:
+      status = qo_matmul_experts_mxfp4_r16_f32(A, id, B, (const uint8_t*)s_data, Y, T, k, a_slots, E, N, K);
+      break;
+    case QO_FMT_NVFP4_R16:
+      status = qo_matmul_experts_nvfp4_r16_f32(A, id, B, (const uint8_t*)s_data, (const float*)s2_data, Y, T, k,
+                                               a_slots, E, N, K);
       break;
     case QO_FMT_FP8:
       status = qo_matmul_experts_fp8_f32(A, id, B, (const float*)s_data, b_scale.elements(), Y, T, k, a_slots, E, N,
@@ -705,7 +726,8 @@ std::vector<QoExpertsOp>& ExpertOps() {
   static std::vector<QoExpertsOp> ops = [] {
     std::vector<QoExpertsOp> list;
 #if defined(QO_WITH_CPU)
-    for (int fmt : {int(QO_FMT_MXFP4), int(QO_FMT_NVFP4), int(QO_FMT_FP8), int(QO_FMT_INT8), kExpertsUint4, kExpertsInt4}) {
+    for (int fmt : {int(QO_FMT_MXFP4), int(QO_FMT_NVFP4), int(QO_FMT_FP8), int(QO_FMT_INT8), kExpertsUint4, kExpertsInt4,
+                    int(QO_FMT_MXFP4_R16), int(QO_FMT_NVFP4_R16)}) {
       QoExpertsOp op{};
       static_cast<OrtCustomOp&>(op) = MakeCpuOp({ExpertsName, ExpertsInputType, ExpertsInputCount, GetOutputTypeCount,
                                                  ExpertsCreate, ExpertsCompute, ExpertsDestroy});

@@ -24,6 +24,7 @@
 
 #define QO_EXPERT_GEMV_ROWS 16
 #define QO_EXPERT_PANEL_ROWS 48
+#define QO_EXPERT_TILE_ROWS 128 /* 16-row-tile FP4: 8 tiles, the dense kernel's GEMV step (8 streams, 8 FMA chains) */
 
 typedef struct {
   int64_t expert, n0, n1;
@@ -80,6 +81,13 @@ static void expert_task(void* data, size_t index) {
     if (status != QO_OK) job->failed = status;
     return;
   }
+  if (job->fmt == QO_FMT_MXFP4_R16 || job->fmt == QO_FMT_NVFP4_R16) { /* 16-row tiles: qo_cpu_fp4_r16.c */
+    const int status = qo_cpu_fp4_r16_rows_f32(
+        job->fmt == QO_FMT_NVFP4_R16, job->a_rows + r0 * job->K, M, job->N, job->K, job->B + e * job->b_bytes,
+        job->B_scale + e * job->s_bytes, job->scale_2 ? job->scale_2[e] : 1.0f, t->n0, t->n1, job->y_rows + r0 * job->N);
+    if (status != QO_OK) job->failed = status;
+    return;
+  }
   if (job->fmt == QO_FMT_MXFP4) {
     const int status = qo_cpu_mxfp4_rows_f32(job->a_rows + r0 * job->K, job->a_prep + job->prep_offset[e], M, job->N,
                                              job->K, job->B + e * job->b_bytes, job->B_scale + e * job->s_bytes, t->n0,
@@ -132,6 +140,7 @@ static int64_t task_rows(const qo_experts_job* job, int64_t m, int64_t budget) {
     rows = rows < QO_EXPERT_GEMV_ROWS ? QO_EXPERT_GEMV_ROWS : (rows + 1) / 2 * 2;
     return rows;
   }
+  if (job->fmt == QO_FMT_MXFP4_R16 || job->fmt == QO_FMT_NVFP4_R16) return QO_EXPERT_TILE_ROWS;
   return m <= 4 ? QO_EXPERT_GEMV_ROWS : QO_EXPERT_PANEL_ROWS;
 }
 
@@ -277,6 +286,30 @@ int qo_matmul_experts_nvfp4_f32(const float* A, const int64_t* expert_ids, const
   qo_experts_job job = job_of(QO_FMT_NVFP4, B, N * K / 2, B_scale, N * K / 16, N, K);
   job.scale_2 = B_scale_2;
   return run_experts(&job, A, expert_ids, Y, T, k, a_slots, E);
+}
+
+/* The same experts with each expert's weight in 16-row tiles (qo_kernels.h, qo_matmul_mxfp4_r16_f32): B
+ * [E, N/16, K/8, 64], B_scale [E, N/16, K/block, 16]; each output equals qo_matmul_*_r16_f32 on that expert. */
+static int r16_experts(int nv, const float* A, const int64_t* ids, const uint8_t* B, const uint8_t* B_scale,
+                       const float* B_scale_2, float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E, int64_t N,
+                       int64_t K) {
+  const int64_t block = nv ? 16 : 32;
+  if (K % block != 0 || N % 16 != 0 || !B_scale || (nv && !B_scale_2)) return QO_ERR_ARGUMENT;
+  qo_experts_job job = job_of(nv ? QO_FMT_NVFP4_R16 : QO_FMT_MXFP4_R16, B, N * K / 2, B_scale, N * K / block, N, K);
+  job.scale_2 = nv ? B_scale_2 : NULL;
+  return run_experts(&job, A, ids, Y, T, k, a_slots, E);
+}
+
+int qo_matmul_experts_mxfp4_r16_f32(const float* A, const int64_t* expert_ids, const uint8_t* B,
+                                    const uint8_t* B_scale, float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E,
+                                    int64_t N, int64_t K) {
+  return r16_experts(0, A, expert_ids, B, B_scale, NULL, Y, T, k, a_slots, E, N, K);
+}
+
+int qo_matmul_experts_nvfp4_r16_f32(const float* A, const int64_t* expert_ids, const uint8_t* B,
+                                    const uint8_t* B_scale, const float* B_scale_2, float* Y, int64_t T, int64_t k,
+                                    int64_t a_slots, int64_t E, int64_t N, int64_t K) {
+  return r16_experts(1, A, expert_ids, B, B_scale, B_scale_2, Y, T, k, a_slots, E, N, K);
 }
 
 static int scaled_experts(int fmt, const float* A, const int64_t* ids, const void* B, const float* B_scale,

@@ -251,10 +251,7 @@ static void r16a_task(const r16_job* j, int64_t t0, int64_t t1) {
 QO_TARGET_END
 #endif
 
-static void r16_task(void* data, size_t index) {
-  const r16_job* j = (const r16_job*)data;
-  const int64_t tiles = j->N / R16_ROWS, t0 = (int64_t)index * R16_GROUP;
-  const int64_t t1 = t0 + R16_GROUP < tiles ? t0 + R16_GROUP : tiles;
+static void r16_tiles(const r16_job* j, int64_t t0, int64_t t1) {
 #if defined(QO_HAVE_AVX512_HELPERS)
   if (j->isa == QO_ISA_AVX512) {
     r16z_task(j, t0, t1);
@@ -266,6 +263,23 @@ static void r16_task(void* data, size_t index) {
   }
 #endif
   for (int64_t t = t0; t < t1; ++t) r16_tile_portable(j, t, 0, j->M);
+}
+
+static void r16_task(void* data, size_t index) {
+  const r16_job* j = (const r16_job*)data;
+  const int64_t tiles = j->N / R16_ROWS, t0 = (int64_t)index * R16_GROUP;
+  r16_tiles(j, t0, t0 + R16_GROUP < tiles ? t0 + R16_GROUP : tiles);
+}
+
+int qo_cpu_fp4_r16_rows_f32(int nv, const float* A, int64_t M, int64_t N, int64_t K, const uint8_t* B,
+                            const uint8_t* B_scale, float B_scale_2, int64_t n0, int64_t n1, float* Y) {
+  if (!A || !B || !B_scale || !Y || M < 0 || N % R16_ROWS || K % r16_block(nv) || n0 % R16_ROWS || n0 < 0 ||
+      n1 > N || (n1 % R16_ROWS && n1 != N))
+    return QO_ERR_ARGUMENT;
+  if (M == 0 || n1 <= n0) return QO_OK;
+  const r16_job j = {A, B, B_scale, B_scale_2, Y, M, N, K, nv, qo_cpu_isa()};
+  r16_tiles(&j, n0 / R16_ROWS, (n1 + R16_ROWS - 1) / R16_ROWS);
+  return QO_OK;
 }
 
 static int r16_run(int nv, const float* A, const uint8_t* B, const uint8_t* S, float s2, float* Y, int64_t M,

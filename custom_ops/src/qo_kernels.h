@@ -129,6 +129,15 @@ QO_API int qo_matmul_experts_fp8_f32(const float* A, const int64_t* expert_ids, 
 QO_API int qo_matmul_experts_int8_f32(const float* A, const int64_t* expert_ids, const int8_t* B, const float* B_scale,
                                       int64_t b_scale_count, float* Y, int64_t T, int64_t k, int64_t a_slots, int64_t E,
                                       int64_t N, int64_t K);
+/* FP4 experts with each expert's weight in 16-row tiles (MatMulExpertsMxfp4R16 / MatMulExpertsNvfp4R16): B uint8
+ * [E, N/16, K/8, 64], B_scale [E, N/16, K/block, 16] (each expert in qo_matmul_*_r16_f32's layout), NVFP4 B_scale_2
+ * [E]; N % 16 == 0. Each output equals qo_matmul_*_r16_f32 on that expert bit for bit. */
+QO_API int qo_matmul_experts_mxfp4_r16_f32(const float* A, const int64_t* expert_ids, const uint8_t* B,
+                                           const uint8_t* B_scale, float* Y, int64_t T, int64_t k, int64_t a_slots,
+                                           int64_t E, int64_t N, int64_t K);
+QO_API int qo_matmul_experts_nvfp4_r16_f32(const float* A, const int64_t* expert_ids, const uint8_t* B,
+                                           const uint8_t* B_scale, const float* B_scale_2, float* Y, int64_t T,
+                                           int64_t k, int64_t a_slots, int64_t E, int64_t N, int64_t K);
 /* 4-bit integer experts (MatMulExpertsUint4 / MatMulExpertsInt4): B uint8 [E, N, ceil(K/block), block/2], scales
  * float [E, N, ceil(K/block)], zero_points uint8 [E, N, ceil(ceil(K/block)/2)] or NULL (8): each expert in
  * qo_matmul_int4_f32's layout and arithmetic (its 32-lane order, not the 8-lane one above). */
@@ -175,6 +184,11 @@ enum { QO_FMT_FP8 = 0, QO_FMT_INT8 = 1, QO_FMT_MXFP4 = 3, QO_FMT_NVFP4 = 4, QO_F
 int qo_cpu_weight_rows_f32(int fmt, const float* A, int64_t M, int64_t N, int64_t K, const uint8_t* B,
                            const uint8_t* B_scale, float B_scale_2, const float* col_scale, int64_t col_scale_count,
                            int64_t n0, int64_t n1, float* Y);
+/* The 16-row-tile FP4 kernel (qo_cpu_fp4_r16.c) on tiles [n0 / 16, n1 / 16) of one weight, on the calling thread: the
+ * outputs of qo_matmul_{mxfp4,nvfp4}_r16_f32 bit for bit (nv: NVFP4, else MXFP4; n0 and n1 multiples of 16). */
+enum { QO_FMT_MXFP4_R16 = 6, QO_FMT_NVFP4_R16 = 7 };
+int qo_cpu_fp4_r16_rows_f32(int nv, const float* A, int64_t M, int64_t N, int64_t K, const uint8_t* B,
+                            const uint8_t* B_scale, float B_scale_2, int64_t n0, int64_t n1, float* Y);
 /* MXFP4 with A prepared once (qo_cpu_kernels.c's block-integer path checks each A row for the MXFP4 grid):
  * qo_cpu_mxfp4_prepared_floats(M, K) floats written by qo_cpu_mxfp4_prepare_a, then any number of
  * qo_cpu_mxfp4_rows_f32 calls on those rows: the same outputs as qo_cpu_weight_rows_f32(QO_FMT_MXFP4, ...). */
