@@ -558,7 +558,10 @@ def main(argv=None) -> int:
             del forms[baseline_form(scheme)]
         for spec in a.form:
             name, _, options = spec.partition("=")
-            forms[name] = (work / f"{scheme}_{name}", COMPACT_OPTION[kind] + options.split(";"))
+            given = options.split(";")  # the form's options replace the compact form's of the same key
+            keys = {o.partition("=")[0] for o in given}
+            forms[name] = (work / f"{scheme}_{name}",
+                           [o for o in COMPACT_OPTION[kind] if o.partition("=")[0] not in keys] + given)
         if kind == "uint4" and "arch" in shape and not a.no_dense:  # QMoE (with the library) vs the default experts op
             forms[INT4_EXPERTS_FORM] = (work / f"{scheme}_qmoe", ["int4_experts=qmoe"])
             # accuracy_level 4 (int8 activations in the experts op and the dense linears; the default is 1: exact)
