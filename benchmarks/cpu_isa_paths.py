@@ -53,6 +53,14 @@ def weights(fmt: str, rng, n: int, k: int):
         return ((lambda a: native.matmul_int4(a, packed, s, zp, k, bs, level)),
                 packed.nbytes + s.nbytes + zp.nbytes)
     packed = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    if fmt in ("mxfp4r16", "nvfp4r16"):  # the same bytes in 16-row tiles (custom_ops/src/qo_cpu_fp4_r16.c)
+        from custom_ops import fp4_r16
+        if fmt == "mxfp4r16":
+            b, s = fp4_r16.pack(packed, rng.integers(118, 124, (n, k // 32), dtype=np.uint8))
+            return (lambda a: native.matmul_mxfp4_r16(a, b, s)), b.nbytes + s.nbytes
+        s8 = rng.uniform(0.5, 8, (n, k // 16)).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+        b, s = fp4_r16.pack(packed, s8)
+        return (lambda a: native.matmul_nvfp4_r16(a, b, s, np.float32(2e-3))), b.nbytes + s.nbytes
     if fmt in ("mxfp4", "mxfp4a"):
         scales = rng.integers(118, 124, (n, k // 32), dtype=np.uint8)
         return (lambda a: native.matmul_mxfp4(a, packed, scales)), packed.nbytes + scales.nbytes
