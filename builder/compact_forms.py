@@ -91,6 +91,23 @@ def missing_kernels(plan, library: str, options) -> dict[str, str]:
     return out
 
 
+# the 16-row-tile FP4 ops (builder/quant/fp4_tiles.py) and the checkpoint-order op a library older than them has
+TILE_ROWS_OPS = {"MatMulMxfp4R16": "MatMulMxfp4", "MatMulNvfp4R16": "MatMulNvfp4"}
+
+
+def rows_instead(missing: dict[str, str], library: str) -> bool:
+    """True when the FP4 default's missing kernel is a 16-row-tile op whose checkpoint-order op `library` has: the
+    default then takes `fp4_linear=compact_rows` instead of the dense fp32 form."""
+    from .custom_ops_library import OP_SYMBOLS, exported_kernels
+    op = missing.get("fp4_linear")
+    return op in TILE_ROWS_OPS and OP_SYMBOLS[TILE_ROWS_OPS[op]] in exported_kernels(str(library))
+
+
+def rows_note(op: str, library: str) -> str:
+    return (f"fp4_linear: {TILE_ROWS_OPS[op]} on the checkpoint's order, not the 16-row tiles of the compact default: "
+            f"{library} has no {op} kernel (built before it existed). `{BUILD_COMMAND} --force` rebuilds it")
+
+
 def missing_note(key: str, op: str, library: str) -> str:
     return (f"{key}: the dense fp32 form, not the compact default: {library} has no {op} kernel (built before it "
             f"existed; through its ONNX function ORT would fold the weight to fp32 at load). `{BUILD_COMMAND} "

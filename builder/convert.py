@@ -127,9 +127,13 @@ def _plan_compact(args, ep, io, options, library_kernels, no_library: bool, buil
         # a default compact form whose op this library has no kernel for would be constant-folded to fp32 at load
         # (more memory than the dense form while it folds): those keys keep the dense fp32 form
         missing = compact_forms.missing_kernels(plan, path, options)
-        plan = _plan_layers(*args, compact_forms.fp32_ep(ep, options, only=missing), io,
+        rows_op = missing.pop("fp4_linear") if compact_forms.rows_instead(missing, path) else None
+        ep_used = replace(ep, fp4_linear=compact_forms.COMPACT_ROWS) if rows_op else ep
+        plan = _plan_layers(*args, compact_forms.fp32_ep(ep_used, options, only=missing), io,
                             replace(with_defaults(True, without=missing), custom_ops_library=path), kernels)
         plan.notes += [compact_forms.missing_note(key, op, path) for key, op in missing.items()]
+        if rows_op:
+            plan.notes.append(compact_forms.rows_note(rows_op, path))
         if uses_custom_ops(plan) and not given:
             plan.notes.append(f"compact CPU forms: custom-op library {path}, copied into the output folder and named "
                               "in genai_config (the output also runs without it, through the ONNX-function fallbacks)")

@@ -249,3 +249,16 @@ def test_fp4_tiles_and_checkpoint_order_forms(exports, tmp_path):
     assert op_types(build(exports["mxfp4"], tmp_path / "m")).get("MatMulMxfp4") == 14
     with pytest.raises(ConversionError, match="compact_rows is a cpu EP form"):
         build(exports["nvfp4"], tmp_path / "c", ep="cuda", fp4_linear="compact_rows")
+
+
+def test_library_without_the_tile_kernel_keeps_the_checkpoint_order(exports, tmp_path, monkeypatch):
+    """A library built before MatMulNvfp4R16 (its symbol absent) but with MatMulNvfp4: the default takes
+    fp4_linear=compact_rows (still the checkpoint's bytes), with a note, not the dense fp32 form."""
+    from builder import custom_ops_library
+    from builder.convert import convert
+    monkeypatch.setitem(custom_ops_library.OP_SYMBOLS, "MatMulNvfp4R16", "qo_matmul_no_such_kernel")
+    plan = convert(exports["nvfp4"] / "quark", tmp_path / "m", "cpu", "fp32", log=lambda m: None)
+    ops = op_types(tmp_path / "m")
+    assert ops.get("MatMulNvfp4") == 14 and "MatMulNvfp4R16" not in ops, ops
+    assert any(n.startswith("fp4_linear: MatMulNvfp4 on the checkpoint's order") for n in plan.notes), plan.notes
+    assert not float_matrices(tmp_path / "m")
