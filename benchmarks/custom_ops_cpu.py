@@ -141,6 +141,14 @@ def make_weight(fmt: str, rng, n: int, k: int):
         return "MatMulNvfp4", [numpy_helper.from_array(b, "B"), _f8("B_scale", s),
                                numpy_helper.from_array(np.array(s2), "B_scale_2")], \
             {"K": k, "N": n}, b.nbytes + s.nbytes, dense
+    if fmt in ("mxfp4r16", "nvfp4r16"):  # the same bytes in 16-row tiles (custom_ops/src/qo_cpu_fp4_r16.c)
+        from custom_ops import fp4_r16
+        op, inits, attrs, nbytes, dense = make_weight(fmt[:-3], rng, n, k)
+        b, s = (numpy_helper.to_array(t) for t in inits[:2])
+        b16, s16 = fp4_r16.pack(b, s.view(np.uint8))
+        tiles = [numpy_helper.from_array(b16, "B"),
+                 _f8("B_scale", s16) if fmt == "nvfp4r16" else numpy_helper.from_array(s16, "B_scale")]
+        return op + "R16", tiles + inits[2:], attrs, nbytes, dense
     if fmt in ("fp8", "fp8_w8a8_dyn"):  # a Gaussian weight quantized per channel, as Quark's FP8 PTPC export does
         w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
         s = (np.abs(w).max(axis=1) / 448).astype(np.float32)
@@ -257,7 +265,7 @@ def run_memory(library: str, formats: list[str], k: int, n: int) -> list[dict]:
     return rows
 
 
-FORMATS = ("mxfp4", "nvfp4", "fp8", "int8", "int8_w8a8", "bf16", "fp8_w8a8_dyn")
+FORMATS = ("mxfp4", "nvfp4", "mxfp4r16", "nvfp4r16", "fp8", "int8", "int8_w8a8", "bf16", "fp8_w8a8_dyn")
 
 
 def main(argv=None) -> int:

@@ -142,11 +142,95 @@ static const r16_fn r16z_by_shape[2][2][8] = {
 
 /* Tiles [t0, t1) for every activation row: 8 tiles at once for M = 1 (8 streams, 8 FMA chains), else pairs of
  * tiles x up to 8 rows. */
+/* Prefill (M > R16_PANEL_MIN_M): two tiles' weights decoded once per block of R16_KB k into a float32 panel
+ * [k][32] (the same values: e2m1 x block scale), then every 12 activation rows run over it: 24 accumulators, per k two
+ * panel loads, 12 broadcasts and 24 FMAs. Each output's chain goes on across blocks through Y (stored and reloaded
+ * as float32, so unchanged): the same bits as the GEMV tiles. */
+#define R16_KB 256
+#define R16_PANEL_MR 12
+#define R16_PANEL_MIN_M 8
+static QO_THREAD_LOCAL float* tls_r16_panel = NULL;
+static QO_THREAD_LOCAL size_t tls_r16_panel_floats = 0;
+
+QOZ_INLINE void r16z_decode_panel(const int nv, const r16_job* j, int64_t t0, int64_t k0, int64_t k1, float* panel) {
+  const int64_t K = j->K, blk = nv ? 16 : 32, nb = K / blk;
+  const __m512 T = _mm512_loadu_ps(R16_E2M1), s2 = _mm512_set1_ps(j->s2);
+  for (int v = 0; v < 2; ++v) {
+    const uint8_t* b = j->B + (t0 + v) * (R16_ROWS / 2) * K;
+    const uint8_t* s = j->S + (t0 + v) * R16_ROWS * nb;
+    for (int64_t bi = k0 / blk; bi < k1 / blk; ++bi) {
+      const __m512 sc = r16z_scales(nv, s + R16_ROWS * bi, s2);
+      for (int64_t chunk = bi * (blk / 8); chunk < (bi + 1) * (blk / 8); ++chunk) {
+        __m512i w = _mm512_loadu_si512((const void*)(b + 64 * chunk));
+        float* out = panel + (8 * chunk - k0) * 32 + 16 * v;
+        for (int q = 0; q < 8; ++q) {
+          _mm512_storeu_ps(out + 32 * q, _mm512_mul_ps(_mm512_permutexvar_ps(w, T), sc));
+          w = _mm512_srli_epi32(w, 4);
+        }
+      }
+    }
+  }
+}
+
+QOZ_INLINE void r16z_panel_rows(const int mr, const float* panel, int64_t kn, const float* a, int64_t K, float* y,
+                                int64_t N, int first) {
+  __m512 acc[R16_PANEL_MR][2];
+  for (int m = 0; m < mr; ++m)
+    for (int v = 0; v < 2; ++v) acc[m][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + m * N + 16 * v);
+  for (int64_t k = 0; k < kn; ++k) {
+    const __m512 w0 = _mm512_loadu_ps(panel + 32 * k), w1 = _mm512_loadu_ps(panel + 32 * k + 16);
+    for (int m = 0; m < mr; ++m) {
+      const __m512 x = _mm512_set1_ps(a[m * K + k]);
+      acc[m][0] = _mm512_fmadd_ps(w0, x, acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(w1, x, acc[m][1]);
+    }
+  }
+  for (int m = 0; m < mr; ++m)
+    for (int v = 0; v < 2; ++v) _mm512_storeu_ps(y + m * N + 16 * v, acc[m][v]);
+}
+
+#define R16P(MR)                                                                                                   \
+  static __attribute__((noinline, target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"))) void               \
+      r16z_panel_##MR(const float* panel, int64_t kn, const float* a, int64_t K, float* y, int64_t N, int first) { \
+    r16z_panel_rows(MR, panel, kn, a, K, y, N, first);                                                            \
+  }
+R16P(1) R16P(2) R16P(3) R16P(4) R16P(5) R16P(6) R16P(7) R16P(8) R16P(9) R16P(10) R16P(11) R16P(12)
+typedef void (*r16p_fn)(const float*, int64_t, const float*, int64_t, float*, int64_t, int);
+static const r16p_fn r16z_panel_by_mr[R16_PANEL_MR] = {r16z_panel_1, r16z_panel_2, r16z_panel_3,  r16z_panel_4,
+                                                        r16z_panel_5, r16z_panel_6, r16z_panel_7,  r16z_panel_8,
+                                                        r16z_panel_9, r16z_panel_10, r16z_panel_11, r16z_panel_12};
+#define R16D(NV)                                                                                                  \
+  static __attribute__((noinline, target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"))) void              \
+      r16z_decode_##NV(const r16_job* j, int64_t t0, int64_t k0, int64_t k1, float* panel) {                     \
+    r16z_decode_panel(NV, j, t0, k0, k1, panel);                                                                 \
+  }
+R16D(0)
+R16D(1)
+
+/* tiles t, t + 1 for every activation row through the panel; 0 when the panel buffer cannot be had */
+static int r16z_pair_panel(const r16_job* j, int64_t t) {
+  float* panel = qo_tls_grow(&tls_r16_panel, &tls_r16_panel_floats, (size_t)(R16_KB * 32));
+  if (!panel) return 0;
+  const int64_t K = j->K, N = j->N;
+  for (int64_t k0 = 0; k0 < K; k0 += R16_KB) {
+    const int64_t k1 = k0 + R16_KB < K ? k0 + R16_KB : K;
+    (j->nv ? r16z_decode_1 : r16z_decode_0)(j, t, k0, k1, panel);
+    for (int64_t m = 0; m < j->M; m += R16_PANEL_MR) {
+      const int mr = (int)(j->M - m < R16_PANEL_MR ? j->M - m : R16_PANEL_MR);
+      r16z_panel_by_mr[mr - 1](panel, k1 - k0, j->A + m * K + k0, K, j->Y + m * N + t * R16_ROWS, N, k0 == 0);
+    }
+  }
+  return 1;
+}
+
 static void r16z_task(const r16_job* j, int64_t t0, int64_t t1) {
   const int nv = j->nv;
   int64_t t = t0;
   if (j->M == 1)
     for (; t + 8 <= t1; t += 8) (nv ? r16z_1_8_1 : r16z_0_8_1)(j, t, 0);
+  if (j->M > R16_PANEL_MIN_M)
+    for (; t + 2 <= t1 && r16z_pair_panel(j, t); t += 2) {
+    }
   for (; t < t1; t += 2) {
     const int pair = t + 2 <= t1;
     for (int64_t m = 0; m < j->M; m += 8) {
