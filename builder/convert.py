@@ -485,7 +485,7 @@ def describe_plan(plan: ModelPlan) -> str:
         spec = lp.spec.short() if lp.spec else "float"
         bias = " +bias" if lp.has_bias else ""
         extra = plan.ep.layer_note(plan, name, lp) if plan.ep.layer_note is not None else None
-        lines.append(f"  {name:<{width}}  {spec}  ->  {lp.scheme.describe(lp, plan.ep)}{bias}"
+        lines.append(f"  {name:<{width}}  {spec}  ->  {lp.scheme.describe(lp, plan.ep, plan.io)}{bias}"
                      + (f"  [{extra}]" if extra else ""))
     for note in plan.notes:
         lines.append(f"note: {note}")

@@ -42,7 +42,7 @@ class Scheme:
         """Raise ConversionError when tensors are missing or of the wrong shape/dtype. Runs before any output."""
 
     @classmethod
-    def describe(cls, plan: LinearPlan, ep: "EPConfig") -> str:
+    def describe(cls, plan: LinearPlan, ep: "EPConfig", io: str | None = None) -> str:
         raise NotImplementedError
 
     @classmethod

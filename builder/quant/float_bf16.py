@@ -63,7 +63,7 @@ class FloatBf16Linear(FloatLinear):
         return OP
 
     @classmethod
-    def describe(cls, plan: LinearPlan, ep) -> str:
+    def describe(cls, plan: LinearPlan, ep, io: str | None = None) -> str:
         return ("com.quark_onnx MatMulBf16 on the checkpoint's bf16 weight (exact; the cpu default for a bf16 lm_head, "
                 "lm_head=float for the fp32 Gemm)")
 

@@ -57,7 +57,7 @@ class FloatToInt8Linear(FloatLinear):
                                   layer=plan.name, field="--extra_options lm_head", value="int8", accepted="float")
 
     @classmethod
-    def describe(cls, plan: LinearPlan, ep) -> str:
+    def describe(cls, plan: LinearPlan, ep, io: str | None = None) -> str:
         return (f"MatMulNBits bits=8 block_size={block_for(plan.in_features)} (float weight re-quantized: "
                 "--extra_options lm_head=int8)")
 

@@ -36,7 +36,7 @@ class FloatLinear(Scheme):
                                   layer=wname, field="dtype", value=ckpt.dtype(wname))
 
     @classmethod
-    def describe(cls, plan: LinearPlan, ep) -> str:
+    def describe(cls, plan: LinearPlan, ep, io: str | None = None) -> str:
         if row_order_gemm(plan, ep.name, "fp32"):
             return "Gemm transB=1 on the checkpoint's [out, in] float weight (fp32 io; MatMul otherwise)"
         return "MatMul (float weight)"

@@ -173,7 +173,7 @@ class Fp8W8A8(Scheme):
         return fp8_custom_op.custom_op_for(activation_mode(plan.spec), io)
 
     @classmethod
-    def describe(cls, plan: LinearPlan, ep) -> str:
+    def describe(cls, plan: LinearPlan, ep, io: str | None = None) -> str:
         mode = activation_mode(plan.spec)
         act = {"none": "float activation", "static": "static per-tensor FP8 activation (Q/DQ)",
                "dynamic_tensor": "dynamic per-tensor FP8 activation", "dynamic_token":

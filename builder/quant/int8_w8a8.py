@@ -126,7 +126,7 @@ class Int8W8A8(Scheme):
         return "MatMulInt8W8A8" if _fused(plan, io) else "MatMulInt8"
 
     @classmethod
-    def describe(cls, plan: LinearPlan, ep) -> str:
+    def describe(cls, plan: LinearPlan, ep, io: str | None = None) -> str:
         w, a = plan.spec.weight[0], plan.spec.input_tensors[0]
         form = cls.form(plan, ep)
         if form == "compact" and _fused(plan, None):

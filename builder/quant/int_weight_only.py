@@ -179,7 +179,7 @@ class IntWeightOnly(Scheme):
         return IntWeight(np.ascontiguousarray(q), np.ascontiguousarray(scale), zp, bits, signed, g)
 
     @classmethod
-    def describe(cls, plan: LinearPlan, ep) -> str:
+    def describe(cls, plan: LinearPlan, ep, io: str | None = None) -> str:
         w = plan.spec.weight[0]
         g = cls._group_size(plan)
         if BITS[w.dtype] not in ep.matmul_nbits_bits:

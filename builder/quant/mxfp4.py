@@ -211,11 +211,11 @@ class Mxfp4Linear(Scheme):
         return fp4_tiles.TILE_OPS["mxfp4"] if op and cls.tiles(plan, ep, io) else op
 
     @classmethod
-    def describe(cls, plan: LinearPlan, ep) -> str:
+    def describe(cls, plan: LinearPlan, ep, io: str | None = None) -> str:
         if mx_gemm_applies(ep, plan) is None:
             return MX_GEMM_DESCRIBE
         act = " + MXFP4 dynamic activation emulation" if plan.spec.input_tensors else ""
-        if cls.tiles(plan, ep, None):
+        if cls.tiles(plan, ep, io):
             return fp4_tiles.describe("mxfp4", act)
         return {"matmul_nbits8": f"MatMulNBits bits=8 block_size=32 (lossless 2*e2m1+128){act}",
                 "native": f"com.quark_onnx MatMulMxfp4 (+ function fallback){act}",

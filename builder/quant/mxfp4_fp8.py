@@ -43,8 +43,8 @@ class Mxfp4Fp8Linear(Mxfp4Linear):
     GRID_ACTIVATIONS = False  # FP8 activations: float A, the tiled form applies (fp4_tiles.py)
 
     @classmethod
-    def describe(cls, plan: LinearPlan, ep) -> str:
-        if cls.tiles(plan, ep, None):
+    def describe(cls, plan: LinearPlan, ep, io: str | None = None) -> str:
+        if cls.tiles(plan, ep, io):
             return fp4_tiles.describe("mxfp4") + " + FP8 static activation Q/DQ"
         what = {"matmul_nbits8": "MatMulNBits bits=8 block_size=32 (lossless 2*e2m1+128)",
                 "native": "com.quark_onnx MatMulMxfp4 (+ function fallback)",

@@ -73,9 +73,9 @@ class Nvfp4Linear(Scheme):
         return Fp4Weight(codes, scale, NVFP4_GROUP)
 
     @classmethod
-    def describe(cls, plan: LinearPlan, ep) -> str:
+    def describe(cls, plan: LinearPlan, ep, io: str | None = None) -> str:
         act = " + NVFP4 activation emulation (input_scale_2)" if plan.spec.input_tensors else ""
-        if fp4_tiles.tiles_apply(plan, ep, None):
+        if fp4_tiles.tiles_apply(plan, ep, io):
             return fp4_tiles.describe("nvfp4", act)
         return {"matmul_nbits8": f"MatMulNBits bits=8 block_size=16 (lossless 2*e2m1+128){act}",
                 "native": f"com.microsoft MatMulBlockQuantizedFp4Weight (fp16/bf16 io){act}",
