@@ -113,20 +113,35 @@ def MatMulNvfp4(A, B: UINT8[...], B_scale: FLOAT8E4M3FN[...], B_scale_2: FLOAT[.
     return Y
 
 
-SHAPE_TILE_ROWS = _ints("shape_tile_rows", [0, 0, 16, 4])
 FOUR_1D = _ints("four_1d", [4])
+SIXTEEN_1D = _ints("sixteen_1d", [16])
+SIXTEEN_FOUR = _ints("sixteen_four", [16, 4])
+
+
+@script(quark_onnx)
+def Fp4TilesToRows(B: UINT8[...]):
+    """The 16-row tiles (custom_ops/fp4_r16.py) of one FP4 weight or of a stack of them put back in the checkpoint's
+    order: B [..., N/16, K/8, 64] -> [..., N, K/2]. (The block scales, uint8 or e4m3fn, go back in each op's body:
+    a helper taking both types failed ORT's type check of the calling function.)"""
+    minus_one = op.Constant(value=MINUS_ONE_1D)
+    chunks = op.Shape(B, start=-2, end=-1)                                                      # K/8
+    tiles = op.Reshape(B, op.Concat(minus_one, chunks, op.Constant(value=SIXTEEN_FOUR), axis=0))  # [L, K/8, 16, 4]
+    rows = op.Transpose(tiles, perm=[0, 2, 1, 3])                                               # [L, 16, K/8, 4]
+    b_rows = op.Reshape(rows, op.Concat(op.Shape(B, start=0, end=-3), minus_one,
+                                        op.Mul(chunks, op.Constant(value=FOUR_1D)), axis=0))
+    return b_rows
 
 
 @script(quark_onnx)
 def MatMulMxfp4R16(A, B: UINT8[...], B_scale: UINT8[...], K: int, N: int):
-    """MatMulMxfp4 on the weight in 16-row tiles (custom_ops/fp4_r16.py): B uint8 [N/16, K/8, 64], B_scale uint8
-    [N/16, K/32, 16], put back to the checkpoint's [N, K/2] / [N, K/32], then MatMulMxfp4's arithmetic."""
-    minus_one = op.Constant(value=MINUS_ONE_1D)
-    tiles = op.Transpose(op.Reshape(B, op.Constant(value=SHAPE_TILE_ROWS)), perm=[0, 2, 1, 3])  # [N/16, 16, K/8, 4]
-    half_k = op.Mul(op.Shape(B, start=1, end=2), op.Constant(value=FOUR_1D))
-    b_rows = op.Reshape(tiles, op.Concat(minus_one, half_k, axis=0))                             # [N, K/2]
-    s_rows = op.Reshape(op.Transpose(B_scale, perm=[0, 2, 1]),
-                        op.Concat(minus_one, op.Shape(B_scale, start=1, end=2), axis=0))         # [N, K/32]
+    """MatMulMxfp4 on the weight in 16-row tiles: B uint8 [N/16, K/8, 64], B_scale uint8 [N/16, K/32, 16], put back
+    to the checkpoint's [N, K/2] / [N, K/32] (Fp4TilesToRows), then MatMulMxfp4's arithmetic."""
+    b_rows = Fp4TilesToRows(B)
+    blocks = op.Shape(B_scale, start=-2, end=-1)
+    s_tiles = op.Reshape(B_scale, op.Concat(op.Constant(value=MINUS_ONE_1D), blocks, op.Constant(value=SIXTEEN_1D),
+                                            axis=0))
+    s_rows = op.Reshape(op.Transpose(s_tiles, perm=[0, 2, 1]), op.Concat(op.Shape(B_scale, start=0, end=-3),
+                                                                         op.Constant(value=MINUS_ONE_1D), blocks, axis=0))
     Y = quark_onnx.MatMulMxfp4(A, b_rows, s_rows, K=K, N=N)
     return Y
 
@@ -134,12 +149,12 @@ def MatMulMxfp4R16(A, B: UINT8[...], B_scale: UINT8[...], K: int, N: int):
 @script(quark_onnx)
 def MatMulNvfp4R16(A, B: UINT8[...], B_scale: FLOAT8E4M3FN[...], B_scale_2: FLOAT[...], K: int, N: int):
     """MatMulNvfp4 on the weight in 16-row tiles: B uint8 [N/16, K/8, 64], B_scale e4m3fn [N/16, K/16, 16]."""
-    minus_one = op.Constant(value=MINUS_ONE_1D)
-    tiles = op.Transpose(op.Reshape(B, op.Constant(value=SHAPE_TILE_ROWS)), perm=[0, 2, 1, 3])
-    half_k = op.Mul(op.Shape(B, start=1, end=2), op.Constant(value=FOUR_1D))
-    b_rows = op.Reshape(tiles, op.Concat(minus_one, half_k, axis=0))
-    s_rows = op.Reshape(op.Transpose(B_scale, perm=[0, 2, 1]),
-                        op.Concat(minus_one, op.Shape(B_scale, start=1, end=2), axis=0))
+    b_rows = Fp4TilesToRows(B)
+    blocks = op.Shape(B_scale, start=-2, end=-1)
+    s_tiles = op.Reshape(B_scale, op.Concat(op.Constant(value=MINUS_ONE_1D), blocks, op.Constant(value=SIXTEEN_1D),
+                                            axis=0))
+    s_rows = op.Reshape(op.Transpose(s_tiles, perm=[0, 2, 1]), op.Concat(op.Shape(B_scale, start=0, end=-3),
+                                                                         op.Constant(value=MINUS_ONE_1D), blocks, axis=0))
     Y = quark_onnx.MatMulNvfp4(A, b_rows, s_rows, B_scale_2, K=K, N=N)
     return Y
 
@@ -266,21 +281,16 @@ def MatMulExpertsNvfp4(A, expert_ids, B: UINT8[...], B_scale: FLOAT8E4M3FN[...],
     return Y
 
 
-SHAPE_E_TILE_ROWS = _ints("shape_e_tile_rows", [0, 0, 0, 16, 4])
-ZERO_1D_E = _ints("zero_1d_e", [0])
-
-
 @script(quark_onnx)
 def MatMulExpertsMxfp4R16(A, expert_ids, B: UINT8[...], B_scale: UINT8[...]):
-    """MatMulExpertsMxfp4 on stacks of 16-row tiles (custom_ops/fp4_r16.py per expert): B uint8 [E, N/16, K/8, 64],
-    B_scale uint8 [E, N/16, K/32, 16], put back to [E, N, K/2] / [E, N, K/32], then MatMulExpertsMxfp4's body."""
-    zero = op.Constant(value=ZERO_1D_E)
-    minus_one = op.Constant(value=MINUS_ONE_1D)
-    tiles = op.Transpose(op.Reshape(B, op.Constant(value=SHAPE_E_TILE_ROWS)), perm=[0, 1, 3, 2, 4])
-    half_k = op.Mul(op.Shape(B, start=2, end=3), op.Constant(value=FOUR_1D))
-    b_rows = op.Reshape(tiles, op.Concat(zero, minus_one, half_k, axis=0))                     # [E, N, K/2]
-    s_rows = op.Reshape(op.Transpose(B_scale, perm=[0, 1, 3, 2]),
-                        op.Concat(zero, minus_one, op.Shape(B_scale, start=2, end=3), axis=0))   # [E, N, K/32]
+    """MatMulExpertsMxfp4 on stacks of 16-row tiles: B uint8 [E, N/16, K/8, 64], B_scale uint8 [E, N/16, K/32, 16],
+    put back to [E, N, K/2] / [E, N, K/32] (Fp4TilesToRows), then MatMulExpertsMxfp4's body."""
+    b_rows = Fp4TilesToRows(B)
+    blocks = op.Shape(B_scale, start=-2, end=-1)
+    s_tiles = op.Reshape(B_scale, op.Concat(op.Constant(value=MINUS_ONE_1D), blocks, op.Constant(value=SIXTEEN_1D),
+                                            axis=0))
+    s_rows = op.Reshape(op.Transpose(s_tiles, perm=[0, 2, 1]), op.Concat(op.Shape(B_scale, start=0, end=-3),
+                                                                         op.Constant(value=MINUS_ONE_1D), blocks, axis=0))
     Y = quark_onnx.MatMulExpertsMxfp4(A, expert_ids, b_rows, s_rows)
     return Y
 
@@ -288,13 +298,12 @@ def MatMulExpertsMxfp4R16(A, expert_ids, B: UINT8[...], B_scale: UINT8[...]):
 @script(quark_onnx)
 def MatMulExpertsNvfp4R16(A, expert_ids, B: UINT8[...], B_scale: FLOAT8E4M3FN[...], B_scale_2: FLOAT[...]):
     """MatMulExpertsNvfp4 on stacks of 16-row tiles: B uint8 [E, N/16, K/8, 64], B_scale e4m3fn [E, N/16, K/16, 16]."""
-    zero = op.Constant(value=ZERO_1D_E)
-    minus_one = op.Constant(value=MINUS_ONE_1D)
-    tiles = op.Transpose(op.Reshape(B, op.Constant(value=SHAPE_E_TILE_ROWS)), perm=[0, 1, 3, 2, 4])
-    half_k = op.Mul(op.Shape(B, start=2, end=3), op.Constant(value=FOUR_1D))
-    b_rows = op.Reshape(tiles, op.Concat(zero, minus_one, half_k, axis=0))
-    s_rows = op.Reshape(op.Transpose(B_scale, perm=[0, 1, 3, 2]),
-                        op.Concat(zero, minus_one, op.Shape(B_scale, start=2, end=3), axis=0))
+    b_rows = Fp4TilesToRows(B)
+    blocks = op.Shape(B_scale, start=-2, end=-1)
+    s_tiles = op.Reshape(B_scale, op.Concat(op.Constant(value=MINUS_ONE_1D), blocks, op.Constant(value=SIXTEEN_1D),
+                                            axis=0))
+    s_rows = op.Reshape(op.Transpose(s_tiles, perm=[0, 2, 1]), op.Concat(op.Shape(B_scale, start=0, end=-3),
+                                                                         op.Constant(value=MINUS_ONE_1D), blocks, axis=0))
     Y = quark_onnx.MatMulExpertsNvfp4(A, expert_ids, b_rows, s_rows, B_scale_2)
     return Y
 
@@ -562,7 +571,7 @@ def GroupQueryAttentionFixedOrderSinks(query: FLOAT[...], key: FLOAT[...], value
 
 BODIES = {fn.name: fn for fn in (MatMulUint4, MatMulInt4, MatMulMxfp4, MatMulFp8W8A8, MatMulFp8W8A8Dyn, MatMulBf16, MatMulFp8, MatMulInt8,
                                  MatMulInt8W8A8,
-                                 MatMulNvfp4, MatMulMxfp4R16, MatMulNvfp4R16, MatMulExpertsMxfp4R16, MatMulExpertsNvfp4R16, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
+                                 MatMulNvfp4, Fp4TilesToRows, MatMulMxfp4R16, MatMulNvfp4R16, MatMulExpertsMxfp4R16, MatMulExpertsNvfp4R16, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
                                  MatMulExpertsInt8, MatMulExpertsUint4, MatMulExpertsInt4,
                                  GroupQueryAttentionFixedOrder, GroupQueryAttentionFixedOrderSinks, GqaFixedOrderScores,
                                  Int8BlockActivations)}

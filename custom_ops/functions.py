@@ -111,6 +111,7 @@ FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
 }
 # Functions the bodies above call (not ops of their own: attached with the op that uses them).
 HELPERS: dict[str, Callable[..., onnx.FunctionProto]] = {
+    "Fp4TilesToRows": lambda opset=DEFAULT_ONNX_OPSET: function_proto("Fp4TilesToRows", opset),
     "MatMulMxfp4": matmul_mxfp4_function,
     "MatMulNvfp4": matmul_nvfp4_function,
     "MatMulExpertsMxfp4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsMxfp4", opset),
@@ -118,8 +119,9 @@ HELPERS: dict[str, Callable[..., onnx.FunctionProto]] = {
     "Int8BlockActivations": lambda opset=DEFAULT_ONNX_OPSET: function_proto("Int8BlockActivations", opset),
     "GqaFixedOrderScores": lambda opset=DEFAULT_ONNX_OPSET: function_proto("GqaFixedOrderScores", opset),
 }
-HELPERS_USED = {"MatMulMxfp4R16": ("MatMulMxfp4",), "MatMulNvfp4R16": ("MatMulNvfp4",),
-                "MatMulExpertsMxfp4R16": ("MatMulExpertsMxfp4",), "MatMulExpertsNvfp4R16": ("MatMulExpertsNvfp4",),
+HELPERS_USED = {"MatMulMxfp4R16": ("Fp4TilesToRows", "MatMulMxfp4"), "MatMulNvfp4R16": ("Fp4TilesToRows", "MatMulNvfp4"),
+                "MatMulExpertsMxfp4R16": ("Fp4TilesToRows", "MatMulExpertsMxfp4"),
+                "MatMulExpertsNvfp4R16": ("Fp4TilesToRows", "MatMulExpertsNvfp4"),
                 "MatMulExpertsUint4": ("Int8BlockActivations",), "MatMulExpertsInt4": ("Int8BlockActivations",),
                 "GroupQueryAttentionFixedOrder": ("GqaFixedOrderScores",),
                 "GroupQueryAttentionFixedOrderSinks": ("GqaFixedOrderScores",)}

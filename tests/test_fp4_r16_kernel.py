@@ -19,20 +19,14 @@ import pytest
 from custom_ops import fp4_r16, native
 from custom_ops.single_op import session, single_op_model
 from ort_library_fixture import ort_ops_library  # noqa: F401  (fixture)
+from test_cpu_kernel_formats import mxfp4_weight, nvfp4_weight
 
-E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 PATHS = ("avx512", "avx2", "portable")
 
 
 def _weights(nv: bool, codes: np.ndarray, scales: np.ndarray, s2: float) -> np.ndarray:
-    """Quark's dequantized weight [N, K] (float32) from the checkpoint's bytes."""
-    nib = np.stack([codes & 15, codes >> 4], -1).reshape(codes.shape[0], -1)
-    if nv:
-        block = (scales.view(ml_dtypes.float8_e4m3fn).astype(np.float32) * np.float32(s2)).astype(np.float32)
-    else:
-        block = np.where(scales == 255, np.float32(np.nan),
-                         np.ldexp(np.float32(1), np.minimum(scales, 254).astype(np.int32) - 127).astype(np.float32))
-    return (E2M1[nib] * np.repeat(block, 16 if nv else 32, axis=1)).astype(np.float32)
+    """Quark's dequantized weight [N, K] from the checkpoint's bytes (tests/test_cpu_kernel_formats.py's decoders)."""
+    return nvfp4_weight(codes, scales, s2) if nv else mxfp4_weight(codes, scales)
 
 
 def _case(nv: bool, n: int, k: int, seed: int = 0):
@@ -184,7 +178,6 @@ def test_experts_r16_op(fmt, t, per_slot, ort_ops_library):
     a float64 product of numpy's decoding (tests/test_cpu_kernel_formats.py's decoders, on the checkpoint bytes);
     the ONNX-function fallback too. T = 24 with 6 experts top-3: experts with > 4 rows."""
     from onnx import TensorProto
-    from test_cpu_kernel_formats import mxfp4_weight, nvfp4_weight
     from test_matmul_experts import _init, dense_model, experts_model, reference, route
 
     rng = np.random.default_rng(7 * t + (fmt == "Nvfp4"))
@@ -194,7 +187,7 @@ def test_experts_r16_op(fmt, t, per_slot, ort_ops_library):
     s = (rng.integers(0x08, 0x7E, (e, n, kk // 16), dtype=np.uint8) if nv
          else rng.integers(118, 134, (e, n, kk // 32), dtype=np.uint8))
     s2 = rng.uniform(0.01, 0.03, e).astype(np.float32)
-    w = [nvfp4_weight(b[i], s[i], s2[i]) if nv else mxfp4_weight(b[i], s[i]) for i in range(e)]
+    w = [_weights(nv, b[i], s[i], s2[i]) for i in range(e)]
     packed = [fp4_r16.pack(b[i], s[i]) for i in range(e)]
     elem = TensorProto.FLOAT8E4M3FN if nv else None
 

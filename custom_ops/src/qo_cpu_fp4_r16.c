@@ -44,18 +44,16 @@ static inline int64_t r16_block(int nv) { return nv ? 16 : 32; }
 
 /* A block scale as a float32: e8m0 2^(e - 127) (e = 255: NaN), e4m3fn times B_scale_2 rounded once. */
 static inline float r16_scale(int nv, uint8_t code, float s2) {
-  if (nv) return qo_e4m3fn_to_f32(code) * s2;
-  return code == 255 ? qo_bits_to_f32(0x7FC00000u) : code == 0 ? qo_bits_to_f32(0x00400000u)
-                                                                : qo_bits_to_f32((uint32_t)code << 23);
+  return nv ? qo_e4m3fn_to_f32(code) * s2 : qo_e8m0_to_f32(code);
 }
 
-/* Portable: tile t, activation rows [m0, m1). */
-static void r16_tile_portable(const r16_job* j, int64_t t, int64_t m0, int64_t m1) {
+/* Portable: tile t, every activation row. */
+static void r16_tile_portable(const r16_job* j, int64_t t) {
   const int64_t K = j->K, blk = r16_block(j->nv), nb = K / blk;
   const uint8_t* b = j->B + t * (R16_ROWS / 2) * K;
   const uint8_t* s = j->S + t * R16_ROWS * nb;
   for (int r = 0; r < R16_ROWS; ++r)
-    for (int64_t m = m0; m < m1; ++m) {
+    for (int64_t m = 0; m < j->M; ++m) {
       const float* a = j->A + m * K;
       float acc = 0.0f;
       for (int64_t k = 0; k < K; ++k) {
@@ -140,8 +138,6 @@ static const r16_fn r16z_by_shape[2][2][8] = {
     {{r16z_1_1_1, r16z_1_1_2, r16z_1_1_3, r16z_1_1_4, r16z_1_1_5, r16z_1_1_6, r16z_1_1_7, r16z_1_1_8},
      {r16z_1_2_1, r16z_1_2_2, r16z_1_2_3, r16z_1_2_4, r16z_1_2_5, r16z_1_2_6, r16z_1_2_7, r16z_1_2_8}}};
 
-/* Tiles [t0, t1) for every activation row: 8 tiles at once for M = 1 (8 streams, 8 FMA chains), else pairs of
- * tiles x up to 8 rows. */
 /* Prefill (M > R16_PANEL_MIN_M): two tiles' weights decoded once per block of R16_KB k into a float32 panel
  * [k][32] (the same values: e2m1 x block scale), then every 12 activation rows run over it: 24 accumulators, per k two
  * panel loads, 12 broadcasts and 24 FMAs. Each output's chain goes on across blocks through Y (stored and reloaded
@@ -223,14 +219,14 @@ static int r16z_pair_panel(const r16_job* j, int64_t t) {
   return 1;
 }
 
+/* Tiles [t0, t1) for every activation row: 8 tiles at once for M = 1 (8 streams, 8 FMA chains); pairs of tiles
+ * through the panel above 8 rows; else (and for a last odd tile) pairs of tiles x up to 8 rows. */
 static void r16z_task(const r16_job* j, int64_t t0, int64_t t1) {
   const int nv = j->nv;
   int64_t t = t0;
   if (j->M == 1)
     for (; t + 8 <= t1; t += 8) (nv ? r16z_1_8_1 : r16z_0_8_1)(j, t, 0);
-  if (j->M > R16_PANEL_MIN_M)
-    for (; t + 2 <= t1 && r16z_pair_panel(j, t); t += 2) {
-    }
+  while (j->M > R16_PANEL_MIN_M && t + 2 <= t1 && r16z_pair_panel(j, t)) t += 2;
   for (; t < t1; t += 2) {
     const int pair = t + 2 <= t1;
     for (int64_t m = 0; m < j->M; m += 8) {
@@ -253,17 +249,8 @@ static inline __m256 r16a_table(void) {
 }
 
 static inline __m256 r16a_scales(const int nv, const uint8_t* p, __m256 s2) {
+  if (nv) return _mm256_mul_ps(qo_avx_fp8x8(p), s2);
   const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
-  if (nv) { /* e4m3fn: fp16 2^-8 times the value (subnormals on fp16 subnormals), widened exactly, x 2^8 */
-    const __m256i h32 = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(e, _mm256_set1_epi32(0x7F)), 7),
-                                        _mm256_slli_epi32(_mm256_and_si256(e, _mm256_set1_epi32(0x80)), 8));
-    const __m128i h16 = _mm_packus_epi32(_mm256_castsi256_si128(h32), _mm256_extracti128_si256(h32, 1));
-    const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h16), _mm256_set1_ps(256.0f));
-    const __m256i nan = _mm256_cmpeq_epi32(_mm256_and_si256(e, _mm256_set1_epi32(0x7F)), _mm256_set1_epi32(0x7F));
-    return _mm256_mul_ps(_mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)),
-                                          _mm256_castsi256_ps(nan)),
-                         s2);
-  }
   __m256i f = _mm256_slli_epi32(e, 23);
   f = _mm256_blendv_epi8(f, _mm256_set1_epi32(0x00400000), _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
   f = _mm256_blendv_epi8(f, _mm256_set1_epi32(0x7FC00000), _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255)));
@@ -346,7 +333,7 @@ static void r16_tiles(const r16_job* j, int64_t t0, int64_t t1) {
     return;
   }
 #endif
-  for (int64_t t = t0; t < t1; ++t) r16_tile_portable(j, t, 0, j->M);
+  for (int64_t t = t0; t < t1; ++t) r16_tile_portable(j, t);
 }
 
 static void r16_task(void* data, size_t index) {
@@ -358,11 +345,11 @@ static void r16_task(void* data, size_t index) {
 int qo_cpu_fp4_r16_rows_f32(int nv, const float* A, int64_t M, int64_t N, int64_t K, const uint8_t* B,
                             const uint8_t* B_scale, float B_scale_2, int64_t n0, int64_t n1, float* Y) {
   if (!A || !B || !B_scale || !Y || M < 0 || N % R16_ROWS || K % r16_block(nv) || n0 % R16_ROWS || n0 < 0 ||
-      n1 > N || (n1 % R16_ROWS && n1 != N))
+      n1 > N || n1 % R16_ROWS)
     return QO_ERR_ARGUMENT;
   if (M == 0 || n1 <= n0) return QO_OK;
   const r16_job j = {A, B, B_scale, B_scale_2, Y, M, N, K, nv, qo_cpu_isa()};
-  r16_tiles(&j, n0 / R16_ROWS, (n1 + R16_ROWS - 1) / R16_ROWS);
+  r16_tiles(&j, n0 / R16_ROWS, n1 / R16_ROWS);
   return QO_OK;
 }
 

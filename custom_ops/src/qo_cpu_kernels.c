@@ -419,24 +419,7 @@ QO_TARGET_BEGIN("avx2,fma,f16c")
  *    2^120 is exact for subnormal codes too, but feeds float32 subnormals to the multiplier, a microcode assist on
  *    Zen 3: a 4096 x 4096 GEMV of uniformly random codes took 3.6 against 2.4 ms of CPU.) Quantized weights almost
  *    never have zero or subnormal codes (|w| < 2^-6 of the scale, under 4e-5 of the row's max).
- *  - otherwise: the code's sign to bit 15 and magnitude to bits 7..13 make an fp16 number 2^-8 times the e4m3 value
- *    (subnormals on fp16 subnormals); vcvtph2ps widens it exactly, times 2^8 is exact; NaN codes blended in. */
-QO_INLINE __m128i avx_fp8_to_half_bits(__m128i codes8) { /* 8 codes in the low 8 bytes -> 8 fp16 bit patterns */
-  return _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(codes8), 7), _mm_set1_epi16((short)0xBF80));
-}
-
-QO_INLINE __m256 avx_fp8x8_finite(__m128i codes8) {
-  return _mm256_mul_ps(_mm256_cvtph_ps(avx_fp8_to_half_bits(codes8)), _mm256_set1_ps(256.0f));
-}
-
-QO_INLINE __m256 avx_fp8x8(const uint8_t* p) {
-  const __m128i codes = _mm_loadl_epi64((const __m128i*)p);
-  const __m256 v = avx_fp8x8_finite(codes);
-  const __m128i m7f = _mm_set1_epi8(0x7F);
-  const __m128i nan8 = _mm_cmpeq_epi8(_mm_and_si128(codes, m7f), m7f);
-  const __m256i nan = _mm256_cvtepi8_epi32(nan8);
-  return _mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), _mm256_castsi256_ps(nan));
-}
+ *  - otherwise: qo_avx_fp8x8 (qo_cpu_simd.h), through fp16. */
 
 QO_INLINE __m256 avx_int8x8(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
@@ -462,7 +445,7 @@ QO_INLINE int64_t qo_row_offset(const int fmt, int64_t k) {
 
 /* 8 weight elements k..k+7 (k % 8 == 0) of one row. */
 QO_INLINE __m256 avx_dec8(const int fmt, const qo_weight* w, const uint8_t* row, const uint8_t* srow, int64_t k) {
-  if (fmt == QO_W_FP8) return avx_fp8x8(row + k);
+  if (fmt == QO_W_FP8) return qo_avx_fp8x8(row + k);
   if (fmt == QO_W_INT8) return avx_int8x8(row + k);
   if (fmt == QO_W_BF16) return avx_bf16x8(row + 2 * k);
   int32_t four;

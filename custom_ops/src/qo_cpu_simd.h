@@ -7,7 +7,8 @@
  * never picked), and QO_ISA_PORTABLE while the caller's MXCSR has DAZ set (denormal inputs would be flushed).
  * Every path must give the same bits (the fixed summation order of qo_cpu_kernels.c's header comment).
  *
- * qo_fold8 (and qo_fold8_avx2) is the 8-lane fold of qo_kernels.h's summation order.
+ * qo_fold8 (and qo_fold8_avx2) is the 8-lane fold of qo_kernels.h's summation order. qo_avx_fp8x8(p): 8 e4m3fn
+ * codes -> float32 on AVX2 + F16C (the fp16 route, exact for every code; NaN codes -> +qNaN).
  * The qoz_* helpers carry their own target attribute, so a file can include this header without pragmas; they
  * inline into functions compiled for AVX-512 (F/BW/VL/DQ) only. Each decodes exactly (no rounding):
  *   qoz_join(lo, hi)            two 8-float vectors as one zmm [lo | hi]
@@ -101,6 +102,27 @@ static inline __attribute__((always_inline, target("avx2,fma"))) float qo_fold8_
   __m128 v = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
   v = _mm_add_ps(v, _mm_movehl_ps(v, v));
   return _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)));
+}
+
+/* 8 e4m3fn codes -> float32, exact for every code (AVX2 + F16C): the code's sign to bit 15 and magnitude to bits
+ * 7..13 make an fp16 number 2^-8 times the e4m3 value (subnormals on fp16 subnormals); vcvtph2ps widens it exactly,
+ * times 2^8 is exact; NaN codes (0x7F / 0xFF) blended in. */
+#define QOA_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+QOA_INLINE __m128i qo_avx_fp8_to_half_bits(__m128i codes8) { /* 8 codes in the low 8 bytes -> 8 fp16 patterns */
+  return _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(codes8), 7), _mm_set1_epi16((short)0xBF80));
+}
+
+QOA_INLINE __m256 qo_avx_fp8x8_finite(__m128i codes8) { /* NaN codes not handled */
+  return _mm256_mul_ps(_mm256_cvtph_ps(qo_avx_fp8_to_half_bits(codes8)), _mm256_set1_ps(256.0f));
+}
+
+QOA_INLINE __m256 qo_avx_fp8x8(const uint8_t* p) {
+  const __m128i codes = _mm_loadl_epi64((const __m128i*)p);
+  const __m256 v = qo_avx_fp8x8_finite(codes);
+  const __m128i m7f = _mm_set1_epi8(0x7F);
+  const __m128i nan8 = _mm_cmpeq_epi8(_mm_and_si128(codes, m7f), m7f);
+  const __m256i nan = _mm256_cvtepi8_epi32(nan8);
+  return _mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), _mm256_castsi256_ps(nan));
 }
 
 QOZ_INLINE __m512 qoz_join(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
