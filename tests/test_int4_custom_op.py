@@ -88,6 +88,23 @@ def test_int4_chunks_past_the_8_row_limit(m):
     np.testing.assert_array_equal(y[2:3].view(np.uint32), native.matmul_int4(a[2:3], b, s, zp, k, bs).view(np.uint32))
 
 
+@pytest.mark.parametrize("bs", [32, 64])
+@pytest.mark.parametrize("m", [1, 3])
+def test_int4_gemv_past_one_zero_point_segment(bs, m):
+    """The AVX2 GEMV spreads the zero points of 256 groups at a time (I4_ZSEG) and walks 4 chunks a step: a row of
+    300 + groups (K = 300 * bs + 40) crosses a segment, ends on a partial step and a partial 32-group spread; within
+    the float64 bound of numpy's weights and the same bits on every path."""
+    rng = np.random.default_rng(bs + m)
+    n, k = 9, 300 * bs + 40
+    b, s, zp, w = make_case(rng, n, k, bs, True)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    y = native.matmul_int4(a, b, s, zp, k, bs)
+    check_close(y, a, w)
+    for path in ("portable", "avx2"):
+        y_path = on_path(path, lambda: native.matmul_int4(a, b, s, zp, k, bs))
+        np.testing.assert_array_equal(y.view(np.uint32), y_path.view(np.uint32), err_msg=path)
+
+
 @pytest.mark.parametrize("bs", [16, 32, 128])
 @pytest.mark.parametrize("asym", [True, False])
 def test_int4_decode_is_exact(bs, asym):
