@@ -105,6 +105,35 @@ def test_int4_gemv_past_one_zero_point_segment(bs, m):
         np.testing.assert_array_equal(y.view(np.uint32), y_path.view(np.uint32), err_msg=path)
 
 
+@pytest.mark.parametrize("m", [1, 3])
+def test_int4_gemv_tiny_scales(m):
+    """The AVX2 GEMV multiplies (q - z) * 2^24 by s * 2^-24; a segment with a scale of 0 < |s| < 2^-102 (where
+    s * 2^-24 would lose bits) multiplies by 2^-24 and then by s. Rows whose every product is tiny (scales near
+    1e-35, tiny in the second segment of 256 groups only, subnormal, 2^-102, 0): the same bits as the portable path,
+    within numpy's float64 bound."""
+    rng = np.random.default_rng(11 + m)
+    n, k, bs = 6, 300 * 32 + 40, 32
+    b, s, zp, _ = make_case(rng, n, k, bs, True)
+    # each row's sum made of tiny products only, so that a lost bit shows in the result
+    s[0] *= np.float32(1e-33)                                  # every group tiny
+    s[1, :256], s[1, 256:] = 0.0, s[1, 256:] * np.float32(-1e-31)  # tiny in the second segment only
+    s[2] *= np.float32(1e-38)                                  # subnormal scales
+    s[3, :] = 0.0
+    s[3, 7] = 2.0 ** -102                                      # the smallest scale that keeps s * 2^-24 normal
+    s[4, :] = 0.0
+    q = np.zeros((n, b.shape[1] * bs), np.uint8)
+    q[:, 0::2], q[:, 1::2] = b.reshape(n, -1) & 15, b.reshape(n, -1) >> 4
+    zpad = np.stack([zp & 15, zp >> 4], axis=2).reshape(n, -1)[:, :b.shape[1]]
+    w = ((q[:, :k].astype(np.float32) - np.repeat(zpad, bs, axis=1)[:, :k].astype(np.float32))
+         * np.repeat(s, bs, axis=1)[:, :k])
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    y = on_path("avx2", lambda: native.matmul_int4(a, b, s, zp, k, bs))
+    check_close(y, a, w)
+    y_portable = on_path("portable", lambda: native.matmul_int4(a, b, s, zp, k, bs))
+    np.testing.assert_array_equal(y.view(np.uint32), y_portable.view(np.uint32))
+    np.testing.assert_array_equal(y.view(np.uint32), native.matmul_int4(a, b, s, zp, k, bs).view(np.uint32))
+
+
 @pytest.mark.parametrize("bs", [16, 32, 128])
 @pytest.mark.parametrize("asym", [True, False])
 def test_int4_decode_is_exact(bs, asym):

@@ -19,11 +19,13 @@
  * lanes: lane j accumulates a[k] * w[k] for k = j (mod 32) in increasing k, each step one fmaf from +0; elements of
  * the last block past K (zero nibbles) are included with a = 0, which leaves every lane unchanged (a lane is never
  * -0, and a finite w times 0 is a zero). The lanes fold as: even lanes e[p] = l[2p] and odd lanes o[p] = l[2p+1]
- * (p < 16) each by halves, x[p] += x[p + h] for h = 8, 4, 2, 1, then e + o. (The SIMD paths hold the 16 even
- * lanes in one vector and the 16 odd ones in another: the low and the high nibbles of 16 bytes.)
+ * (p < 16) each by halves, x[p] += x[p + h] for h = 8, 4, 2, 1, then e + o. (The AVX-512 path holds the 16 even
+ * lanes in one vector and the 16 odd ones in another: the low and the high nibbles of 16 bytes; the AVX2 GEMV holds
+ * 4 even and 4 odd lanes per vector and puts them back in that order before the fold.)
  *
  * Paths: M <= 4 (decode): a GEMV straight from the packed weight, nibbles decoded in registers (AVX-512: one
- * permute of a 16-entry table (c - z) * s per group; AVX2: convert, subtract, multiply); M <= 16: the same GEMV
+ * permute of a 16-entry table (c - z) * s per group; AVX2: q - z on bytes, shuffled into the top byte of dwords,
+ * converted, times s * 2^-24); M <= 16: the same GEMV
  * over chunks of a few activation rows. M > 16 (prefill): qo_cpu_int4_panel.c, the order computed as an fp32 GEMM
  * (broadcast activations, weight rows in lanes, one lane's chain per pass, folded as the tree adds). block % 32 != 0
  * (block 16) runs the portable path. Work is split over weight-row blocks through qo_cpu_parallel_for (ORT's
@@ -129,17 +131,21 @@ static void portable_task(i4_job* j, int64_t n0, int64_t n1) {
   }
 }
 
-/* A [M, K] -> per 32-chunk [a[32c + 2p], p < 16 | a[32c + 2p + 1], p < 16], zero past K: [M, Kc] (the GEMV's
- * layout; row m of A at A + (src ? src[m] : m) * K) */
-static void deinterleave_a(const float* A, const int64_t* src, int64_t M, int64_t K, int64_t Kc, float* out) {
+/* A [M, K] -> the GEMV's layout, [M, Kc], zero past K (row m of A at A + (src ? src[m] : m) * K). Per 32-chunk c:
+ *   AVX-512: [a[32c + 2p], p < 16 | a[32c + 2p + 1], p < 16] (even k, then odd k: the low and the high nibbles);
+ *   AVX2 (quads): 4 groups of 8, group q = [a[32c + 8q + 2i], i < 4 | a[32c + 8q + 2i + 1], i < 4] (the AVX2 GEMV's
+ *   vector q holds the low nibbles of bytes 4q..4q+3 in its low lane and their high nibbles in its high lane). */
+static void deinterleave_a(const float* A, const int64_t* src, int64_t M, int64_t K, int64_t Kc, int quads,
+                           float* out) {
   for (int64_t m = 0; m < M; ++m) {
     const float* a = A + (src ? src[m] : m) * K;
     float* d = out + m * Kc;
     for (int64_t c = 0; c < Kc; c += 32)
       for (int p = 0; p < 16; ++p) {
         const int64_t ke = c + 2 * p, ko = ke + 1;
-        d[c + p] = ke < K ? a[ke] : 0.0f;
-        d[c + 16 + p] = ko < K ? a[ko] : 0.0f;
+        const int64_t de = quads ? c + 8 * (p >> 2) + (p & 3) : c + p, dob = quads ? de + 4 : c + 16 + p;
+        d[de] = ke < K ? a[ke] : 0.0f;
+        d[dob] = ko < K ? a[ko] : 0.0f;
       }
   }
 }
@@ -166,7 +172,7 @@ static void deinterleave_a(const float* A, const int64_t* src, int64_t M, int64_
 
 /* the job's A prepared for its M: the GEMV's layout up to I4_CHUNKED_GEMV_MAX_M rows, else the panel kernel's */
 static void prepare_a(const i4_job* j, const int64_t* src, float* out) {
-  if (j->M <= I4_CHUNKED_GEMV_MAX_M) deinterleave_a(j->A, src, j->M, j->K, j->Kc, out);
+  if (j->M <= I4_CHUNKED_GEMV_MAX_M) deinterleave_a(j->A, src, j->M, j->K, j->Kc, j->path == I4_AVX2, out);
   else qo_i4_panel_pack_a(j->path, j->A, src, j->M, j->K, j->Kc, out);
 }
 
@@ -194,21 +200,6 @@ static inline float fold_avx2(__m256 e0, __m256 e1, __m256 o0, __m256 o1) {
   return qo_fold8_avx2(_mm256_add_ps(e0, e1)) + qo_fold8_avx2(_mm256_add_ps(o0, o1));
 }
 
-/* 32 elements of one row (16 bytes) -> [e0 e1 | o0 o1], exact: (float)(q - z) * s, q - z taken on bytes (zb: z in
- * every byte), a small integer, so converted exactly: the value (float)q - (float)z gives. The byte work runs on
- * 16 bytes at a time and the sign extension on the shuffle port, leaving the FMA ports the conversion, the
- * multiply and the FMA. */
-I4_INLINE void decode32_avx2(const uint8_t* bytes, __m128i zb, __m256 s, __m256* e0, __m256* e1, __m256* o0,
-                             __m256* o1) {
-  const __m128i raw = _mm_loadu_si128((const __m128i*)bytes), m4 = _mm_set1_epi8(0x0F);
-  const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, m4), zb);
-  const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), zb);
-  *e0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), s);
-  *e1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), s);
-  *o0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), s);
-  *o1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), s);
-}
-
 /* the zero points of groups [b0, b0 + count) of a weight row (b0 even) -> out[i]: z of group b0 + i in every byte
  * (a pure load then gives the byte-subtraction vector of a group) */
 I4_INLINE void expand_zero_points_avx2(const uint8_t* zrow, int64_t b0, int64_t count, uint32_t* out) {
@@ -229,27 +220,100 @@ I4_INLINE void expand_zero_points_avx2(const uint8_t* zrow, int64_t b0, int64_t 
 }
 
 /* GEMV: one weight row x MM activation rows, 4 accumulators each. The row is walked 64 bytes (4 chunks of 32
- * elements) a step with one software prefetch I4_PREFETCH_AVX2 bytes ahead; the zero points of I4_ZSEG groups at a
- * time are first spread into a stack table (z in every byte of a uint32), so that a chunk's zero point and scale
- * are two broadcast loads and no scalar work. Measured on a Xeon with QO_CPU_KERNELS=avx2, [4096, 4096] g32 with
- * zero points, M = 1, 1 thread, a stand-alone harness calling the loops directly (no library overhead): with the
- * weight in L2 8.7 against 9.5-10.0 cycles per chunk (4.04 GHz) for the loop before (one chunk a step, the zero point
- * taken from its nibble each group, the prefetch every 64 bytes behind a test); streamed from memory 8.3-8.4
- * against 7.4-7.6 GB/s (prefetch 2048-4096 ahead; 1024: 7.9; 512: 4.9). */
+ * elements) a step with one software prefetch I4_PREFETCH_AVX2 bytes ahead. The zero points and scales of I4_ZSEG
+ * groups at a time are first put in stack tables (z in every byte of a uint32; s * 2^-24), so that a chunk's zero
+ * point and scale are two broadcast loads and no scalar work.
+ *
+ * A chunk's decode (19 vector uops per 32 weights, 13 of them on the FMA ports, against 23 and 13 for the
+ * vpmovsxbd decode before): its 16 bytes broadcast to both lanes, shifted right by 0 (low lane) or 4 (high lane)
+ * bits, masked and minus z as bytes: the low lane holds the 16 low nibbles' q - z, the high lane the high ones'.
+ * Vector q (q < 4) takes bytes 4q..4q+3 of each lane into the top byte of a dword (vpshufb; the other bytes 0):
+ * (q - z) * 2^24, a signed integer, converted exactly, then times s * 2^-24: the exact product (q - z) * s, rounded
+ * once, the value (float)(q - z) * s gives. Where a segment has a scale with 0 < |s| < 2^-102 (s * 2^-24 would
+ * lose bits below FLT_MIN), it multiplies by 2^-24 first (exact) and then by s. The accumulators' lanes are then
+ * [e 4q..4q+3 | o 4q..4q+3] (the activations' "quads" layout); the fold puts them back in the fold32 order.
+ *
+ * Measured on a Xeon with QO_CPU_KERNELS=avx2, [4096, 4096] g32 with zero points, M = 1, 1 thread, a stand-alone
+ * harness calling the loops directly: with the weight in L2 8.0 cycles per chunk (4.04 GHz) against 9.1 for the
+ * vpmovsxbd decode in the same 64-byte loop and 9.5-10.0 for the loop before that (one chunk a step, the zero point
+ * taken from its nibble each group, the prefetch every 64 bytes behind a test); streamed from memory 9.0 against
+ * 8.2 and 7.4-7.6 GB/s (prefetch 2048-4096 ahead; 1024: 7.9; 512: 4.9). */
 #ifndef I4_PREFETCH_AVX2
 #define I4_PREFETCH_AVX2 4096
 #endif
-#define I4_ZSEG 256 /* groups whose zero points are spread at a time */
-I4_INLINE void gemv_avx2_chunk(const uint8_t* p, const uint32_t* z, const float* s, const float* a, int64_t Kc,
-                               __m256 acc[4][4], const int MM) {
-  __m256 w[4];
-  decode32_avx2(p, _mm_set1_epi32((int)*z), _mm256_broadcast_ss(s), &w[0], &w[1], &w[2], &w[3]);
-  for (int m = 0; m < MM; ++m)
-    for (int v = 0; v < 4; ++v) acc[m][v] = _mm256_fmadd_ps(_mm256_loadu_ps(a + m * Kc + 8 * v), w[v], acc[m][v]);
+#define I4_ZSEG 256 /* groups whose zero points and scales are tabled at a time */
+typedef struct {
+  __m256i take[4]; /* vpshufb controls: bytes 4q..4q+3 of each lane to the top byte of its dwords */
+  __m256i shift;   /* 0 in the low lane, 4 in the high lane */
+  __m256i m4;
+} i4_avx2_consts;
+
+static inline i4_avx2_consts avx2_consts(void) {
+  i4_avx2_consts c;
+  for (int q = 0; q < 4; ++q) {
+    int8_t t[32];
+    for (int i = 0; i < 32; ++i) t[i] = (i & 3) == 3 ? (int8_t)(4 * q + ((i & 15) >> 2)) : (int8_t)-128;
+    c.take[q] = _mm256_loadu_si256((const __m256i*)t);
+  }
+  c.shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+  c.m4 = _mm256_set1_epi8(0x0F);
+  return c;
+}
+
+I4_INLINE void gemv_avx2_chunk(const i4_avx2_consts* k, const uint8_t* p, const uint32_t* z, const float* s,
+                               const float* a, int64_t Kc, __m256 acc[4][4], const int MM, const int tiny) {
+  const __m256i raw = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)p));
+  const __m256i d = _mm256_sub_epi8(_mm256_and_si256(_mm256_srlv_epi32(raw, k->shift), k->m4),
+                                    _mm256_set1_epi32((int)*z));
+  const __m256 sv = _mm256_broadcast_ss(s);
+  for (int q = 0; q < 4; ++q) {
+    __m256 w = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(d, k->take[q]));
+    if (tiny) w = _mm256_mul_ps(w, _mm256_set1_ps(0x1p-24f));
+    w = _mm256_mul_ps(w, sv);
+    for (int m = 0; m < MM; ++m) acc[m][q] = _mm256_fmadd_ps(_mm256_loadu_ps(a + m * Kc + 8 * q), w, acc[m][q]);
+  }
+}
+
+/* chunks [0, chunks) of a segment (chunk c in group c >> shift of the tables) */
+I4_INLINE void gemv_avx2_segment(const i4_avx2_consts* k, const uint8_t* p, const uint32_t* zr, const float* sq,
+                                 const float* a, int64_t Kc, int64_t chunks, int shift, __m256 acc[4][4],
+                                 const int MM, const int tiny) {
+  int64_t c = 0;
+  for (; c + 4 <= chunks; c += 4, p += 64, a += 128) {
+    _mm_prefetch((const char*)p + I4_PREFETCH_AVX2, _MM_HINT_T0);
+    for (int g = 0; g < 4; ++g) {
+      const int64_t b = (c + g) >> shift;
+      gemv_avx2_chunk(k, p + 16 * g, zr + b, sq + b, a + 32 * g, Kc, acc, MM, tiny);
+    }
+  }
+  for (; c < chunks; ++c, p += 16, a += 32)
+    gemv_avx2_chunk(k, p, zr + (c >> shift), sq + (c >> shift), a, Kc, acc, MM, tiny);
+}
+
+/* the scales of a segment -> sq (s * 2^-24); 1 when one of them has 0 < |s| < 2^-102 (then sq = s) */
+I4_INLINE int avx2_scale_table(const float* sc, int64_t nb, float* sq) {
+  const __m256 lo = _mm256_set1_ps(0x1p-102f), absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 tiny = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= nb; i += 8) {
+    const __m256 v = _mm256_loadu_ps(sc + i), av = _mm256_and_ps(v, absm);
+    tiny = _mm256_or_ps(tiny, _mm256_and_ps(_mm256_cmp_ps(av, lo, _CMP_LT_OQ),
+                                            _mm256_cmp_ps(av, _mm256_setzero_ps(), _CMP_GT_OQ)));
+    _mm256_storeu_ps(sq + i, _mm256_mul_ps(v, _mm256_set1_ps(0x1p-24f)));
+  }
+  int t = _mm256_movemask_ps(tiny) != 0;
+  for (; i < nb; ++i) {
+    const float av = fabsf(sc[i]);
+    t |= av < 0x1p-102f && av > 0.0f;
+    sq[i] = sc[i] * 0x1p-24f;
+  }
+  if (t) memcpy(sq, sc, sizeof(float) * (size_t)nb);
+  return t;
 }
 
 I4_INLINE void gemv_avx2_row(const i4_job* j, int64_t n, const int MM) {
-  __m256 acc[4][4]; /* [m][e0 e1 o0 o1] */
+  const i4_avx2_consts k = avx2_consts();
+  __m256 acc[4][4]; /* [m][q]: lanes [e 4q..4q+3 | o 4q..4q+3] */
   for (int m = 0; m < MM; ++m)
     for (int v = 0; v < 4; ++v) acc[m][v] = _mm256_setzero_ps();
   const int64_t kb = j->k_blocks, Kc = j->Kc;
@@ -259,22 +323,22 @@ I4_INLINE void gemv_avx2_row(const i4_job* j, int64_t n, const int MM) {
   const uint8_t* zrow = j->zp ? j->zp + n * j->zp_row_bytes : NULL;
   const float* a = j->ad;
   uint32_t zr[I4_ZSEG];
+  float sq[I4_ZSEG];
   if (!zrow)
     for (int i = 0; i < I4_ZSEG; ++i) zr[i] = 0x08080808u;
-  for (int64_t b0 = 0; b0 < kb; b0 += I4_ZSEG, sc += I4_ZSEG) {
+  for (int64_t b0 = 0; b0 < kb; b0 += I4_ZSEG) {
     const int64_t nb = kb - b0 < I4_ZSEG ? kb - b0 : I4_ZSEG, chunks = nb << shift;
     if (zrow) expand_zero_points_avx2(zrow, b0, nb, zr);
-    int64_t c = 0;
-    for (; c + 4 <= chunks; c += 4, p += 64, a += 128) {
-      _mm_prefetch((const char*)p + I4_PREFETCH_AVX2, _MM_HINT_T0);
-      for (int g = 0; g < 4; ++g) {
-        const int64_t b = (c + g) >> shift;
-        gemv_avx2_chunk(p + 16 * g, zr + b, sc + b, a + 32 * g, Kc, acc, MM);
-      }
-    }
-    for (; c < chunks; ++c, p += 16, a += 32) gemv_avx2_chunk(p, zr + (c >> shift), sc + (c >> shift), a, Kc, acc, MM);
+    if (avx2_scale_table(sc + b0, nb, sq)) gemv_avx2_segment(&k, p, zr, sq, a, Kc, chunks, shift, acc, MM, 1);
+    else gemv_avx2_segment(&k, p, zr, sq, a, Kc, chunks, shift, acc, MM, 0);
+    p += chunks * 16;
+    a += chunks * 32;
   }
-  for (int m = 0; m < MM; ++m) j->Y[m * j->N + n] = fold_avx2(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+  for (int m = 0; m < MM; ++m) {
+    const __m256 e0 = _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x20), o0 = _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x31);
+    const __m256 e1 = _mm256_permute2f128_ps(acc[m][2], acc[m][3], 0x20), o1 = _mm256_permute2f128_ps(acc[m][2], acc[m][3], 0x31);
+    j->Y[m * j->N + n] = fold_avx2(e0, e1, o0, o1);
+  }
 }
 
 static void gemv_avx2_task(i4_job* j, int64_t n0, int64_t n1) {
