@@ -136,6 +136,38 @@ def test_special_scales_and_values(path_env):
         assert np.all(np.abs(outs[0][:, ok] - ref) <= bound)
 
 
+@pytest.mark.parametrize("nv,s2,a_scale", [(True, 1e-33, 2.0**60), (True, 2.0**-92, 2.0**60),
+                                             (True, 2.0**119, 2.0**-100), (True, 0.0, 1.0), (False, 0.0, 2.0**100)],
+                         ids=["nv_tiny_s2", "nv_s2_2^-92", "nv_huge_s2", "nv_s2_0", "mx_small_exponents"])
+def test_scales_near_the_float_range(nv, s2, a_scale, path_env):
+    """The AVX2 path multiplies 2 v * 2^24 by S * 2^-25 where that is exact, else takes (2 v * 2^24 * 2^-25) * S:
+    NVFP4 with B_scale_2 below 2^-92 or above 2^118 (and at the edge, 2^-92), MXFP4 blocks with exponents 1..30 (the
+    first 25 below the edge); products scaled into the normal range by the activations. Same bits on every path and
+    M, within the chain bound of numpy's float64 product."""
+    n, k = 48, 256
+    codes, scales = _case(nv, n, k, seed=9)
+    if not nv:
+        scales[:] = np.random.default_rng(4).integers(1, 31, scales.shape, dtype=np.uint8)
+    if s2 > 1.0:  # e4m3 codes up to 0.5, so that S = e4m3 * 2^119 stays finite
+        scales[:] = np.random.default_rng(4).uniform(2**-8, 0.5, scales.shape).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    b, s = fp4_r16.pack(codes, scales)
+    w = _weights(nv, codes, scales, s2).astype(np.float64)
+    rng = np.random.default_rng(6)
+    for m in (1, 3):
+        a = (rng.standard_normal((m, k)) * a_scale).astype(np.float32)
+        outs = {}
+        for p in PATHS:
+            os.environ["QO_CPU_KERNELS"] = p
+            outs[p] = _run(nv, a, b, s, s2=s2)
+        for p in PATHS:
+            np.testing.assert_array_equal(outs[p], outs["portable"], err_msg=f"path {p}, M = {m}")
+        ref = a.astype(np.float64) @ w.T
+        bound = k * 2.0**-24 * (np.abs(a).astype(np.float64) @ np.abs(w).T) + 2.0**-149
+        assert np.all(np.abs(outs["portable"] - ref) <= bound)
+        if s2 == 0.0 and nv:
+            assert not outs["portable"].any()
+
+
 def test_bad_arguments():
     codes, scales = _case(True, 32, 64)
     b, s = fp4_r16.pack(codes, scales)

@@ -237,31 +237,80 @@ static void r16z_task(const r16_job* j, int64_t t0, int64_t t1) {
   }
 }
 
-/* ---- AVX2 + FMA + F16C: lanes = 8 rows (half a tile) ---- */
+/* ---- AVX2 + FMA + F16C: lanes = 8 rows (half a tile) ----
+ * Decode per chunk (8 k of 8 rows, 32 bytes): the codes become int8 2 * e2m1 (0, 1, 2, 3, 4, 6, 8, 12 and their
+ * negatives; a vpshufb table) for the low and the high nibbles; per k, one vpshufb moves that k's byte of every
+ * dword into the dword's top byte (the other bytes 0): 2 v * 2^24, converted exactly, times S * 2^-25 = the exact
+ * product v * S rounded once, the value e2m1 * S gives (code 8, -0, gives +0: no sum sees the difference, the
+ * accumulators start at +0). Where S * 2^-25 could lose bits below FLT_MIN or differ from S by more than the
+ * power of two (MXFP4 blocks with an exponent below 26; NVFP4 with B_scale_2 neither 0 nor in [2^-92, 2^118]), the
+ * product is taken as (2 v * 2^24 * 2^-25) * S, each step exact but the last. 4.6 vector uops per 8 weights (3.1 on the FMA ports),
+ * against 6 (4) for the 8-entry vpermps table with the sign XOR before: measured on a Xeon with QO_CPU_KERNELS=avx2,
+ * NVFP4 [4096, 4096], M = 1, 1 thread, a stand-alone harness calling both back to back: with the weight in L2 1.16x,
+ * streamed from memory (30 copies) 7.6 against 7.0 GB/s. */
 QO_TARGET_BEGIN("avx2,fma,f16c")
-/* The 8 non-negative e2m1 values, each XORed with (code << 28): XORing the looked-up entry with the shifted code's
- * bits << 28 cancels those bits and puts the code's sign bit (bit 3) in bit 31 (as qo_cpu_kernels.c's AVX2 FP4
- * GEMV). */
-static inline __m256 r16a_table(void) {
-  uint32_t t[8];
-  for (uint32_t i = 0; i < 8; ++i) t[i] = qo_f32_to_bits(R16_E2M1[i]) ^ (i << 28);
-  return _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i*)t));
-}
-
-static inline __m256 r16a_scales(const int nv, const uint8_t* p, __m256 s2) {
+/* 8 rows' block scales as float32: S (tiny = 1) or S * 2^-25 (tiny = 0; s2 is then B_scale_2 * 2^-25). NVFP4:
+ * e4m3fn * s2, rounded once (the caller takes the S * 2^-25 route only where it is exact: B_scale_2 in [2^-92,
+ * 2^118] or 0). MXFP4: 2^(e - 127), e = 255 NaN; S * 2^-25 = 2^(e - 152) is a normal float only for e >= 26. */
+static inline __m256 r16a_scales(const int nv, const int tiny, const uint8_t* p, __m256 s2) {
   if (nv) return _mm256_mul_ps(qo_avx_fp8x8(p), s2);
   const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
-  __m256i f = _mm256_slli_epi32(e, 23);
-  f = _mm256_blendv_epi8(f, _mm256_set1_epi32(0x00400000), _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+  __m256i f = _mm256_slli_epi32(tiny ? e : _mm256_sub_epi32(e, _mm256_set1_epi32(25)), 23);
+  if (tiny) f = _mm256_blendv_epi8(f, _mm256_set1_epi32(0x00400000), _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
   f = _mm256_blendv_epi8(f, _mm256_set1_epi32(0x7FC00000), _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255)));
   return _mm256_castsi256_ps(f);
+}
+
+/* MXFP4: 1 where one of 8 rows' block exponents is below 26 (S * 2^-25 not a normal float) */
+static inline int r16a_mx_tiny(const uint8_t* p) {
+  const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+  return _mm256_movemask_epi8(_mm256_cmpgt_epi32(_mm256_set1_epi32(26), e)) != 0;
+}
+
+/* block bi of nvec halves (its scales sc: S * 2^-25, or S where tiny) x mr activation rows into acc */
+static inline __attribute__((always_inline)) void r16a_block(const int nv, const int nvec, const int mr,
+                                                             const int tiny, const uint8_t* const* b, const float* a,
+                                                             int64_t K, int64_t bi, const __m256* sc,
+                                                             const __m256i* take, __m256 acc[4][4]) {
+  const __m256i twice = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const int64_t blk = nv ? 16 : 32;
+  for (int c = 0; c < (nv ? 2 : 4); ++c) {
+    const int64_t chunk = bi * (blk / 8) + c;
+    __m256i lo[4], hi[4];
+    for (int v = 0; v < nvec; ++v) {
+      if (v % 2 == 0) _mm_prefetch((const char*)(b[v] + 64 * chunk + R16_PF), _MM_HINT_T0);
+      const __m256i w = _mm256_loadu_si256((const __m256i*)(b[v] + 64 * chunk));
+      lo[v] = _mm256_shuffle_epi8(twice, _mm256_and_si256(w, m4));
+      hi[v] = _mm256_shuffle_epi8(twice, _mm256_and_si256(_mm256_srli_epi16(w, 4), m4));
+    }
+    const float* ak = a + 8 * chunk;
+    for (int q = 0; q < 8; ++q) {
+      __m256 W[4];
+      for (int v = 0; v < nvec; ++v) {
+        W[v] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8((q & 1) ? hi[v] : lo[v], take[q >> 1]));
+        if (tiny) W[v] = _mm256_mul_ps(W[v], _mm256_set1_ps(0x1p-25f));
+        W[v] = _mm256_mul_ps(W[v], sc[v]);
+      }
+      for (int m = 0; m < mr; ++m) {
+        const __m256 x = _mm256_broadcast_ss(ak + m * K + q);
+        for (int v = 0; v < nvec; ++v) acc[m][v] = _mm256_fmadd_ps(W[v], x, acc[m][v]);
+      }
+    }
+  }
 }
 
 /* nvec halves (half h of tile t0 + v / 2 for v = 2 * (t - t0) + h) x activation rows m0 .. m0 + mr - 1. */
 static inline __attribute__((always_inline)) void r16a_halves(const int nv, const int nvec, const int mr,
                                                               const r16_job* j, int64_t t0, int64_t m0) {
-  const int64_t K = j->K, N = j->N, blk = nv ? 16 : 32, nb = K / blk;
-  const __m256 T = r16a_table(), s2 = _mm256_set1_ps(j->s2);
+  const int64_t K = j->K, N = j->N, nb = K / (nv ? 16 : 32);
+  __m256i take[4]; /* byte i of each dword to its top byte, the others 0 */
+  for (int i = 0; i < 4; ++i) {
+    int8_t t[32];
+    for (int b = 0; b < 32; ++b) t[b] = (b & 3) == 3 ? (int8_t)((b & ~3) + i) : (int8_t)-128;
+    take[i] = _mm256_loadu_si256((const __m256i*)t);
+  }
   const uint8_t* b[4];
   const uint8_t* s[4];
   __m256 acc[4][4];
@@ -271,30 +320,22 @@ static inline __attribute__((always_inline)) void r16a_halves(const int nv, cons
     for (int m = 0; m < mr; ++m) acc[m][v] = _mm256_setzero_ps();
   }
   const float* a = j->A + m0 * K;
+  /* NVFP4: S * 2^-25 = e4m3 * (B_scale_2 * 2^-25), exact and normal for every nonzero code where B_scale_2 is 0 or
+   * in [2^-92, 2^118] (e4m3's nonzero magnitudes are 2^-9 .. 448); else every block takes the 2-step route */
+  const float as2 = fabsf(j->s2);
+  const int nv_tiny = nv && !(as2 == 0.0f || (as2 >= 0x1p-92f && as2 <= 0x1p118f));
+  const __m256 s2x = _mm256_set1_ps(nv_tiny ? j->s2 : j->s2 * 0x1p-25f);
   for (int64_t bi = 0; bi < nb; ++bi) {
     __m256 sc[4];
-    for (int v = 0; v < nvec; ++v) sc[v] = r16a_scales(nv, s[v] + R16_ROWS * bi, s2);
-    for (int c = 0; c < (nv ? 2 : 4); ++c) {
-      const int64_t chunk = bi * (blk / 8) + c;
-      __m256i w[4];
-      for (int v = 0; v < nvec; ++v) {
-        if (v % 2 == 0) _mm_prefetch((const char*)(b[v] + 64 * chunk + R16_PF), _MM_HINT_T0);
-        w[v] = _mm256_loadu_si256((const __m256i*)(b[v] + 64 * chunk));
-      }
-      const float* ak = a + 8 * chunk;
-      for (int q = 0; q < 8; ++q) {
-        __m256 W[4];
-        for (int v = 0; v < nvec; ++v) {
-          const __m256 val = _mm256_xor_ps(_mm256_permutevar8x32_ps(T, w[v]),
-                                           _mm256_castsi256_ps(_mm256_slli_epi32(w[v], 28)));
-          W[v] = _mm256_mul_ps(val, sc[v]);
-          w[v] = _mm256_srli_epi32(w[v], 4);
-        }
-        for (int m = 0; m < mr; ++m) {
-          const __m256 x = _mm256_broadcast_ss(ak + m * K + q);
-          for (int v = 0; v < nvec; ++v) acc[m][v] = _mm256_fmadd_ps(W[v], x, acc[m][v]);
-        }
-      }
+    int tiny = nv_tiny;
+    if (!nv)
+      for (int v = 0; v < nvec; ++v) tiny |= r16a_mx_tiny(s[v] + R16_ROWS * bi);
+    if (tiny) {
+      for (int v = 0; v < nvec; ++v) sc[v] = r16a_scales(nv, 1, s[v] + R16_ROWS * bi, s2x);
+      r16a_block(nv, nvec, mr, 1, b, a, K, bi, sc, take, acc);
+    } else {
+      for (int v = 0; v < nvec; ++v) sc[v] = r16a_scales(nv, 0, s[v] + R16_ROWS * bi, s2x);
+      r16a_block(nv, nvec, mr, 0, b, a, K, bi, sc, take, acc);
     }
   }
   for (int m = 0; m < mr; ++m)
