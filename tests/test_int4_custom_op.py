@@ -51,6 +51,13 @@ def on_path(path, call):
         del os.environ["QO_CPU_KERNELS"]
 
 
+def assert_same_bits_on_paths(y, a, b, s, zp, k, bs):
+    """The portable C and AVX2 paths give y's bits."""
+    for path in ("portable", "avx2"):
+        y_path = on_path(path, lambda: native.matmul_int4(a, b, s, zp, k, bs))
+        np.testing.assert_array_equal(y.view(np.uint32), y_path.view(np.uint32), err_msg=path)
+
+
 @pytest.mark.parametrize("bs", [32, 64, 128])
 @pytest.mark.parametrize("asym", [True, False])
 # M: the GEMV (<= 4), its chunks (5..16: AVX-512 block 32 runs 7 and 8 rows as one chunk where K <= 1024, 12 as
@@ -64,10 +71,7 @@ def test_int4_matches_numpy(bs, asym, m):
     a = rng.standard_normal((m, k)).astype(np.float32)
     y = native.matmul_int4(a, b, s, zp, k, bs)
     check_close(y, a, w)
-    # the portable C and AVX2 paths give the same bits
-    for path in ("portable", "avx2"):
-        y_path = on_path(path, lambda: native.matmul_int4(a, b, s, zp, k, bs))
-        np.testing.assert_array_equal(y.view(np.uint32), y_path.view(np.uint32), err_msg=path)
+    assert_same_bits_on_paths(y, a, b, s, zp, k, bs)
     # a row's result does not depend on M (GEMV up to 16 rows, the panel above)
     y1 = native.matmul_int4(a[:1], b, s, zp, k, bs)
     np.testing.assert_array_equal(y[:1].view(np.uint32), y1.view(np.uint32))
@@ -100,9 +104,7 @@ def test_int4_gemv_past_one_zero_point_segment(bs, m):
     a = rng.standard_normal((m, k)).astype(np.float32)
     y = native.matmul_int4(a, b, s, zp, k, bs)
     check_close(y, a, w)
-    for path in ("portable", "avx2"):
-        y_path = on_path(path, lambda: native.matmul_int4(a, b, s, zp, k, bs))
-        np.testing.assert_array_equal(y.view(np.uint32), y_path.view(np.uint32), err_msg=path)
+    assert_same_bits_on_paths(y, a, b, s, zp, k, bs)
 
 
 @pytest.mark.parametrize("m", [1, 3])
@@ -127,11 +129,9 @@ def test_int4_gemv_tiny_scales(m):
     w = ((q[:, :k].astype(np.float32) - np.repeat(zpad, bs, axis=1)[:, :k].astype(np.float32))
          * np.repeat(s, bs, axis=1)[:, :k])
     a = rng.standard_normal((m, k)).astype(np.float32)
-    y = on_path("avx2", lambda: native.matmul_int4(a, b, s, zp, k, bs))
+    y = native.matmul_int4(a, b, s, zp, k, bs)
     check_close(y, a, w)
-    y_portable = on_path("portable", lambda: native.matmul_int4(a, b, s, zp, k, bs))
-    np.testing.assert_array_equal(y.view(np.uint32), y_portable.view(np.uint32))
-    np.testing.assert_array_equal(y.view(np.uint32), native.matmul_int4(a, b, s, zp, k, bs).view(np.uint32))
+    assert_same_bits_on_paths(y, a, b, s, zp, k, bs)
 
 
 @pytest.mark.parametrize("bs", [16, 32, 128])
