@@ -143,7 +143,7 @@ def test_scales_near_the_float_range(nv, s2, a_scale, path_env):
     """The AVX2 path multiplies 2 v * 2^24 by S * 2^-25 where that is exact, else takes (2 v * 2^24 * 2^-25) * S:
     NVFP4 with B_scale_2 below 2^-92 or above 2^118 (and at the edge, 2^-92), MXFP4 blocks with exponents 1..30 (the
     first 25 below the edge); products scaled into the normal range by the activations. Same bits on every path and
-    M, within the chain bound of numpy's float64 product."""
+    M (the GEMV and the prefill panel), within the chain bound of numpy's float64 product."""
     n, k = 48, 256
     codes, scales = _case(nv, n, k, seed=9)
     if not nv:
@@ -153,7 +153,7 @@ def test_scales_near_the_float_range(nv, s2, a_scale, path_env):
     b, s = fp4_r16.pack(codes, scales)
     w = _weights(nv, codes, scales, s2).astype(np.float64)
     rng = np.random.default_rng(6)
-    for m in (1, 3):
+    for m in (1, 3, 17):  # 17: the prefill panels (AVX-512, AVX2)
         a = (rng.standard_normal((m, k)) * a_scale).astype(np.float32)
         outs = {}
         for p in PATHS:
