@@ -192,6 +192,26 @@ QOZ_INLINE void r16z_panel_rows(const int mr, const float* panel, int64_t kn, co
   }
 R16P(1) R16P(2) R16P(3) R16P(4) R16P(5) R16P(6) R16P(7) R16P(8) R16P(9) R16P(10) R16P(11) R16P(12)
 typedef void (*r16p_fn)(const float*, int64_t, const float*, int64_t, float*, int64_t, int);
+typedef void (*r16d_fn)(const r16_job*, int64_t, int64_t, int64_t, float*);
+
+/* the tiles from t that decode[nv] puts in its panel (AVX-512: 2, AVX2: 1) for every activation row, any ISA: per
+ * block of R16_KB k, decode[nv] fills the panel (at most R16_KB x 32 floats), then by_mr[mr - 1] runs up to max_mr
+ * activation rows over it, the outputs' chains going on across blocks through Y; 0 when the panel buffer cannot be
+ * had */
+static int r16_panel_run(const r16_job* j, int64_t t, const r16d_fn decode[2], const r16p_fn* by_mr, int max_mr) {
+  float* panel = qo_tls_grow(&tls_r16_panel, &tls_r16_panel_floats, (size_t)(R16_KB * 32));
+  if (!panel) return 0;
+  const int64_t K = j->K, N = j->N;
+  for (int64_t k0 = 0; k0 < K; k0 += R16_KB) {
+    const int64_t k1 = k0 + R16_KB < K ? k0 + R16_KB : K;
+    decode[j->nv](j, t, k0, k1, panel);
+    for (int64_t m = 0; m < j->M; m += max_mr) {
+      const int mr = (int)(j->M - m < max_mr ? j->M - m : max_mr);
+      by_mr[mr - 1](panel, k1 - k0, j->A + m * K + k0, K, j->Y + m * N + t * R16_ROWS, N, k0 == 0);
+    }
+  }
+  return 1;
+}
 static const r16p_fn r16z_panel_by_mr[R16_PANEL_MR] = {r16z_panel_1, r16z_panel_2, r16z_panel_3,  r16z_panel_4,
                                                         r16z_panel_5, r16z_panel_6, r16z_panel_7,  r16z_panel_8,
                                                         r16z_panel_9, r16z_panel_10, r16z_panel_11, r16z_panel_12};
@@ -203,21 +223,7 @@ static const r16p_fn r16z_panel_by_mr[R16_PANEL_MR] = {r16z_panel_1, r16z_panel_
 R16D(0)
 R16D(1)
 
-/* tiles t, t + 1 for every activation row through the panel; 0 when the panel buffer cannot be had */
-static int r16z_pair_panel(const r16_job* j, int64_t t) {
-  float* panel = qo_tls_grow(&tls_r16_panel, &tls_r16_panel_floats, (size_t)(R16_KB * 32));
-  if (!panel) return 0;
-  const int64_t K = j->K, N = j->N;
-  for (int64_t k0 = 0; k0 < K; k0 += R16_KB) {
-    const int64_t k1 = k0 + R16_KB < K ? k0 + R16_KB : K;
-    (j->nv ? r16z_decode_1 : r16z_decode_0)(j, t, k0, k1, panel);
-    for (int64_t m = 0; m < j->M; m += R16_PANEL_MR) {
-      const int mr = (int)(j->M - m < R16_PANEL_MR ? j->M - m : R16_PANEL_MR);
-      r16z_panel_by_mr[mr - 1](panel, k1 - k0, j->A + m * K + k0, K, j->Y + m * N + t * R16_ROWS, N, k0 == 0);
-    }
-  }
-  return 1;
-}
+static const r16d_fn r16z_decode[2] = {r16z_decode_0, r16z_decode_1};
 
 /* Tiles [t0, t1) for every activation row: 8 tiles at once for M = 1 (8 streams, 8 FMA chains); pairs of tiles
  * through the panel above 8 rows; else (and for a last odd tile) pairs of tiles x up to 8 rows. */
@@ -226,7 +232,9 @@ static void r16z_task(const r16_job* j, int64_t t0, int64_t t1) {
   int64_t t = t0;
   if (j->M == 1)
     for (; t + 8 <= t1; t += 8) (nv ? r16z_1_8_1 : r16z_0_8_1)(j, t, 0);
-  while (j->M > R16_PANEL_MIN_M && t + 2 <= t1 && r16z_pair_panel(j, t)) t += 2;
+  while (j->M > R16_PANEL_MIN_M && t + 2 <= t1 &&
+         r16_panel_run(j, t, r16z_decode, r16z_panel_by_mr, R16_PANEL_MR))
+    t += 2;
   for (; t < t1; t += 2) {
     const int pair = t + 2 <= t1;
     for (int64_t m = 0; m < j->M; m += 8) {
@@ -267,32 +275,60 @@ static inline int r16a_mx_tiny(const uint8_t* p) {
   return _mm256_movemask_epi8(_mm256_cmpgt_epi32(_mm256_set1_epi32(26), e)) != 0;
 }
 
+/* the vpshufb controls moving byte i of each dword to its top byte, the other bytes 0 */
+static inline void r16a_take(__m256i take[4]) {
+  for (int i = 0; i < 4; ++i) {
+    int8_t t[32];
+    for (int b = 0; b < 32; ++b) t[b] = (b & 3) == 3 ? (int8_t)((b & ~3) + i) : (int8_t)-128;
+    take[i] = _mm256_loadu_si256((const __m256i*)t);
+  }
+}
+
+/* NVFP4: S * 2^-25 = e4m3 * (B_scale_2 * 2^-25), exact and normal for every nonzero code where B_scale_2 is 0 or in
+ * [2^-92, 2^118] (e4m3's nonzero magnitudes are 2^-9 .. 448); else (1) every block takes the 2-step route. *s2x gets
+ * what r16a_scales multiplies the e4m3 values by. */
+static inline int r16a_nv_tiny(const r16_job* j, __m256* s2x) {
+  const float as2 = fabsf(j->s2);
+  const int tiny = j->nv && !(as2 == 0.0f || (as2 >= 0x1p-92f && as2 <= 0x1p118f));
+  *s2x = _mm256_set1_ps(tiny ? j->s2 : j->s2 * 0x1p-25f);
+  return tiny;
+}
+
+/* one half-chunk (8 rows x 8 k, 32 bytes): int8 2 v of the low and the high nibbles */
+static inline void r16a_codes(const uint8_t* p, __m256i* lo, __m256i* hi) {
+  const __m256i twice = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), w = _mm256_loadu_si256((const __m256i*)p);
+  *lo = _mm256_shuffle_epi8(twice, _mm256_and_si256(w, m4));
+  *hi = _mm256_shuffle_epi8(twice, _mm256_and_si256(_mm256_srli_epi16(w, 4), m4));
+}
+
+/* the 8 rows' weights at k = q of a half-chunk: 2 v * 2^24 converted, times sc (S * 2^-25; where tiny, times 2^-25
+ * first and sc = S) */
+static inline __attribute__((always_inline)) __m256 r16a_weight(__m256i lo, __m256i hi, const __m256i* take, int q,
+                                                                __m256 sc, const int tiny) {
+  __m256 w = _mm256_cvtepi32_ps(_mm256_shuffle_epi8((q & 1) ? hi : lo, take[q >> 1]));
+  if (tiny) w = _mm256_mul_ps(w, _mm256_set1_ps(0x1p-25f));
+  return _mm256_mul_ps(w, sc);
+}
+
 /* block bi of nvec halves (its scales sc: S * 2^-25, or S where tiny) x mr activation rows into acc */
 static inline __attribute__((always_inline)) void r16a_block(const int nv, const int nvec, const int mr,
                                                              const int tiny, const uint8_t* const* b, const float* a,
                                                              int64_t K, int64_t bi, const __m256* sc,
                                                              const __m256i* take, __m256 acc[4][4]) {
-  const __m256i twice = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
-                                         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
   const int64_t blk = nv ? 16 : 32;
   for (int c = 0; c < (nv ? 2 : 4); ++c) {
     const int64_t chunk = bi * (blk / 8) + c;
     __m256i lo[4], hi[4];
     for (int v = 0; v < nvec; ++v) {
       if (v % 2 == 0) _mm_prefetch((const char*)(b[v] + 64 * chunk + R16_PF), _MM_HINT_T0);
-      const __m256i w = _mm256_loadu_si256((const __m256i*)(b[v] + 64 * chunk));
-      lo[v] = _mm256_shuffle_epi8(twice, _mm256_and_si256(w, m4));
-      hi[v] = _mm256_shuffle_epi8(twice, _mm256_and_si256(_mm256_srli_epi16(w, 4), m4));
+      r16a_codes(b[v] + 64 * chunk, &lo[v], &hi[v]);
     }
     const float* ak = a + 8 * chunk;
     for (int q = 0; q < 8; ++q) {
       __m256 W[4];
-      for (int v = 0; v < nvec; ++v) {
-        W[v] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8((q & 1) ? hi[v] : lo[v], take[q >> 1]));
-        if (tiny) W[v] = _mm256_mul_ps(W[v], _mm256_set1_ps(0x1p-25f));
-        W[v] = _mm256_mul_ps(W[v], sc[v]);
-      }
+      for (int v = 0; v < nvec; ++v) W[v] = r16a_weight(lo[v], hi[v], take, q, sc[v], tiny);
       for (int m = 0; m < mr; ++m) {
         const __m256 x = _mm256_broadcast_ss(ak + m * K + q);
         for (int v = 0; v < nvec; ++v) acc[m][v] = _mm256_fmadd_ps(W[v], x, acc[m][v]);
@@ -305,12 +341,8 @@ static inline __attribute__((always_inline)) void r16a_block(const int nv, const
 static inline __attribute__((always_inline)) void r16a_halves(const int nv, const int nvec, const int mr,
                                                               const r16_job* j, int64_t t0, int64_t m0) {
   const int64_t K = j->K, N = j->N, nb = K / (nv ? 16 : 32);
-  __m256i take[4]; /* byte i of each dword to its top byte, the others 0 */
-  for (int i = 0; i < 4; ++i) {
-    int8_t t[32];
-    for (int b = 0; b < 32; ++b) t[b] = (b & 3) == 3 ? (int8_t)((b & ~3) + i) : (int8_t)-128;
-    take[i] = _mm256_loadu_si256((const __m256i*)t);
-  }
+  __m256i take[4];
+  r16a_take(take);
   const uint8_t* b[4];
   const uint8_t* s[4];
   __m256 acc[4][4];
@@ -320,11 +352,8 @@ static inline __attribute__((always_inline)) void r16a_halves(const int nv, cons
     for (int m = 0; m < mr; ++m) acc[m][v] = _mm256_setzero_ps();
   }
   const float* a = j->A + m0 * K;
-  /* NVFP4: S * 2^-25 = e4m3 * (B_scale_2 * 2^-25), exact and normal for every nonzero code where B_scale_2 is 0 or
-   * in [2^-92, 2^118] (e4m3's nonzero magnitudes are 2^-9 .. 448); else every block takes the 2-step route */
-  const float as2 = fabsf(j->s2);
-  const int nv_tiny = nv && !(as2 == 0.0f || (as2 >= 0x1p-92f && as2 <= 0x1p118f));
-  const __m256 s2x = _mm256_set1_ps(nv_tiny ? j->s2 : j->s2 * 0x1p-25f);
+  __m256 s2x;
+  const int nv_tiny = r16a_nv_tiny(j, &s2x);
   for (int64_t bi = 0; bi < nb; ++bi) {
     __m256 sc[4];
     int tiny = nv_tiny;
@@ -360,18 +389,10 @@ R16A_FMT(1)
 static inline __attribute__((always_inline)) void r16a_decode_panel(const int nv, const r16_job* j, int64_t t,
                                                                     int64_t k0, int64_t k1, float* panel) {
   const int64_t K = j->K, blk = nv ? 16 : 32, nb = K / blk;
-  const float as2 = fabsf(j->s2);
-  const int nv_tiny = nv && !(as2 == 0.0f || (as2 >= 0x1p-92f && as2 <= 0x1p118f));
-  const __m256 s2x = _mm256_set1_ps(nv_tiny ? j->s2 : j->s2 * 0x1p-25f);
-  const __m256i twice = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
-                                         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 s2x;
+  const int nv_tiny = r16a_nv_tiny(j, &s2x);
   __m256i take[4];
-  for (int i = 0; i < 4; ++i) {
-    int8_t tb[32];
-    for (int b = 0; b < 32; ++b) tb[b] = (b & 3) == 3 ? (int8_t)((b & ~3) + i) : (int8_t)-128;
-    take[i] = _mm256_loadu_si256((const __m256i*)tb);
-  }
+  r16a_take(take);
   for (int v = 0; v < 2; ++v) {
     const uint8_t* b = j->B + t * (R16_ROWS / 2) * K + 32 * v;
     const uint8_t* s = j->S + t * R16_ROWS * nb + 8 * v;
@@ -379,15 +400,11 @@ static inline __attribute__((always_inline)) void r16a_decode_panel(const int nv
       const int tiny = nv_tiny || (!nv && r16a_mx_tiny(s + R16_ROWS * bi));
       const __m256 sc = r16a_scales(nv, tiny, s + R16_ROWS * bi, s2x);
       for (int64_t chunk = bi * (blk / 8); chunk < (bi + 1) * (blk / 8); ++chunk) {
-        const __m256i w = _mm256_loadu_si256((const __m256i*)(b + 64 * chunk));
-        const __m256i lo = _mm256_shuffle_epi8(twice, _mm256_and_si256(w, m4));
-        const __m256i hi = _mm256_shuffle_epi8(twice, _mm256_and_si256(_mm256_srli_epi16(w, 4), m4));
+        __m256i lo, hi;
+        r16a_codes(b + 64 * chunk, &lo, &hi);
         float* out = panel + (8 * chunk - k0) * 16 + 8 * v;
-        for (int q = 0; q < 8; ++q) {
-          __m256 W = _mm256_cvtepi32_ps(_mm256_shuffle_epi8((q & 1) ? hi : lo, take[q >> 1]));
-          if (tiny) W = _mm256_mul_ps(W, _mm256_set1_ps(0x1p-25f));
-          _mm256_storeu_ps(out + 16 * q, _mm256_mul_ps(W, sc));
-        }
+        for (int q = 0; q < 8; ++q)
+          _mm256_storeu_ps(out + 16 * q, r16a_weight(lo, hi, take, q, sc, tiny));
       }
     }
   }
@@ -426,21 +443,7 @@ static __attribute__((noinline)) void r16a_decode_1(const r16_job* j, int64_t t,
   r16a_decode_panel(1, j, t, k0, k1, p);
 }
 
-/* tile t for every activation row through the panel; 0 when the panel buffer cannot be had */
-static int r16a_tile_panel(const r16_job* j, int64_t t) {
-  float* panel = qo_tls_grow(&tls_r16_panel, &tls_r16_panel_floats, (size_t)(R16_KB * 32));
-  if (!panel) return 0;
-  const int64_t K = j->K, N = j->N;
-  for (int64_t k0 = 0; k0 < K; k0 += R16_KB) {
-    const int64_t k1 = k0 + R16_KB < K ? k0 + R16_KB : K;
-    (j->nv ? r16a_decode_1 : r16a_decode_0)(j, t, k0, k1, panel);
-    for (int64_t m = 0; m < j->M; m += R16A_PANEL_MR) {
-      const int mr = (int)(j->M - m < R16A_PANEL_MR ? j->M - m : R16A_PANEL_MR);
-      r16a_panel_by_mr[mr - 1](panel, k1 - k0, j->A + m * K + k0, K, j->Y + m * N + t * R16_ROWS, N, k0 == 0);
-    }
-  }
-  return 1;
-}
+static const r16d_fn r16a_decode[2] = {r16a_decode_0, r16a_decode_1};
 
 /* Tiles [t0, t1): two tiles (4 halves) at once for M = 1; above R16_PANEL_MIN_M rows a tile at a time through the
  * panel; else (or without a panel buffer) one tile's halves x up to 3 rows. */
@@ -449,7 +452,8 @@ static void r16a_task(const r16_job* j, int64_t t0, int64_t t1) {
   int64_t t = t0;
   if (j->M == 1)
     for (; t + 2 <= t1; t += 2) (nv ? r16a_1_4_1 : r16a_0_4_1)(j, t, 0);
-  while (j->M > R16_PANEL_MIN_M && t < t1 && r16a_tile_panel(j, t)) ++t;
+  while (j->M > R16_PANEL_MIN_M && t < t1 && r16_panel_run(j, t, r16a_decode, r16a_panel_by_mr, R16A_PANEL_MR))
+    ++t;
   static const r16_fn by_mr[2][3] = {{r16a_0_2_1, r16a_0_2_2, r16a_0_2_3}, {r16a_1_2_1, r16a_1_2_2, r16a_1_2_3}};
   for (; t < t1; ++t)
     for (int64_t m = 0; m < j->M; m += 3) by_mr[nv][(j->M - m < 3 ? j->M - m : 3) - 1](j, t, m);
