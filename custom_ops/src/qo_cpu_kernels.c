@@ -456,6 +456,22 @@ QO_INLINE __m256 avx_dec8(const int fmt, const qo_weight* w, const uint8_t* row,
   return _mm256_mul_ps(avx_i8_to_ps(avx_e2m1_x2(codes)), s);
 }
 
+/* FP8, 32 codes: 0xFF in the bytes of a NaN (magnitude 0x7F), zero or subnormal (magnitude 0..7) code (magnitude + 1
+ * as a signed byte is <= 8 exactly for those) */
+QO_INLINE __m256i avx_fp8_special32(const uint8_t* p) {
+  const __m256i raw = _mm256_loadu_si256((const __m256i*)p);
+  const __m256i t = _mm256_add_epi8(_mm256_and_si256(raw, _mm256_set1_epi8(0x7F)), _mm256_set1_epi8(1));
+  return _mm256_cmpgt_epi8(_mm256_set1_epi8(9), t);
+}
+
+/* 8 normal FP8 codes -> float32: the float32 exponent is e + 120, added as an integer (no multiply: the FMA pipes
+ * stay free) */
+QO_INLINE __m256 avx_fp8x8_normal(const uint8_t* p) {
+  const __m256i x = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p));
+  return _mm256_castsi256_ps(_mm256_add_epi32(
+      _mm256_and_si256(_mm256_slli_epi32(x, 20), _mm256_set1_epi32((int)0x87F00000u)), _mm256_set1_epi32(120 << 23)));
+}
+
 /* 32 weight elements k..k+31 (k % 32 == 0) of one row into out[0..3]. */
 QO_INLINE void avx_dec32(const int fmt, const qo_weight* w, const uint8_t* row, const uint8_t* srow, int64_t k,
                          __m256 out[4]) {
@@ -472,20 +488,9 @@ QO_INLINE void avx_dec32(const int fmt, const qo_weight* w, const uint8_t* row, 
     out[3] = _mm256_mul_ps(avx_i8_to_ps(_mm_unpackhi_epi64(v1, v1)), s1);
     return;
   }
-  if (fmt == QO_W_FP8) {
-    /* one test of the 32 codes: any NaN (magnitude 0x7F), zero or subnormal (magnitude 0..7)? (magnitude + 1 as a
-     * signed byte is <= 8 exactly for those) */
-    const __m256i raw = _mm256_loadu_si256((const __m256i*)(row + k));
-    const __m256i t = _mm256_add_epi8(_mm256_and_si256(raw, _mm256_set1_epi8(0x7F)), _mm256_set1_epi8(1));
-    if (!_mm256_movemask_epi8(_mm256_cmpgt_epi8(_mm256_set1_epi8(9), t))) {
-      /* all normal: the float32 exponent is e + 120, added as an integer (no multiply: the FMA pipes stay free) */
-      const __m256i mask = _mm256_set1_epi32((int)0x87F00000u), bias = _mm256_set1_epi32(120 << 23);
-      for (int i = 0; i < 4; ++i) {
-        const __m256i x = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(row + k + 8 * i)));
-        out[i] = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_and_si256(_mm256_slli_epi32(x, 20), mask), bias));
-      }
-      return;
-    }
+  if (fmt == QO_W_FP8 && !_mm256_movemask_epi8(avx_fp8_special32(row + k))) {
+    for (int i = 0; i < 4; ++i) out[i] = avx_fp8x8_normal(row + k + 8 * i);
+    return;
   }
   for (int i = 0; i < 4; ++i) out[i] = avx_dec8(fmt, w, row, srow, k + 8 * i);
 }
@@ -523,23 +528,17 @@ QO_INLINE float avx_fold_scale(__m256 v, float scale) { return qo_fold8_avx2(v) 
  * 50-56 % of the read against 46-54 %, M = 3 1.15x. Returns the first k not done (K8 rounded down to 32). */
 QO_INLINE int64_t avx_fp8_steps(const int mr, const int nr, const uint8_t* const* rows, const float* A, int64_t K,
                                 int64_t K8, __m256 acc[4][4]) {
-  const __m256i m7f = _mm256_set1_epi8(0x7F), one = _mm256_set1_epi8(1), nine = _mm256_set1_epi8(9);
-  const __m256i mask = _mm256_set1_epi32((int)0x87F00000u), bias = _mm256_set1_epi32(120 << 23);
   int64_t k = 0;
   for (;;) {
     for (; k + 32 <= K8; k += 32) {
       if (QO_GEMV_PF && (k & 63) == 0)
         for (int r = 0; r < nr; ++r) _mm_prefetch((const char*)rows[r] + k + QO_GEMV_PF, _MM_HINT_T0);
       __m256i sp = _mm256_setzero_si256();
-      for (int r = 0; r < nr; ++r) {
-        const __m256i t = _mm256_add_epi8(_mm256_and_si256(_mm256_loadu_si256((const __m256i*)(rows[r] + k)), m7f), one);
-        sp = _mm256_or_si256(sp, _mm256_cmpgt_epi8(nine, t));
-      }
+      for (int r = 0; r < nr; ++r) sp = _mm256_or_si256(sp, avx_fp8_special32(rows[r] + k));
       if (_mm256_movemask_epi8(sp)) break;
       for (int r = 0; r < nr; ++r)
         for (int s = 0; s < 4; ++s) {
-          const __m256i x = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(rows[r] + k + 8 * s)));
-          const __m256 wv = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_and_si256(_mm256_slli_epi32(x, 20), mask), bias));
+          const __m256 wv = avx_fp8x8_normal(rows[r] + k + 8 * s);
           for (int i = 0; i < mr; ++i) acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(A + i * K + k + 8 * s), wv, acc[i][r]);
         }
     }
