@@ -21,8 +21,9 @@ PROJECTIONS = {"gpt_oss": 2}
 
 def nodes_per_layer(shape: str, recipe: str) -> int:
     """Experts-op nodes per sparse layer: gate_up (gpt-oss's own, or gate and up fused for 4-bit integer and MXFP4
-    experts: builder/ops/routed_experts.py FUSED_GATE_UP_KEYS) and down; else gate, up, down."""
-    return 2 if shape in PROJECTIONS or recipe in ("mxfp4", "uint4_g32", "int4_per_channel") else 3
+    experts, and MXFP4 + FP8 whose gate and up input scales are equal, as amd-quark writes them:
+    builder/ops/routed_experts.py FUSED_GATE_UP_KEYS) and down; else gate, up, down."""
+    return 2 if shape in PROJECTIONS or recipe in ("mxfp4", "mxfp4_fp8", "uint4_g32", "int4_per_channel") else 3
 CASES = ([("qwen3_moe", r) for r in ("mxfp4", "mxfp4_fp8", "fp8_w8a8", "nvfp4")]
          + [("qwen2_moe", r) for r in ("mxfp4", "fp8_w8a8", "nvfp4", "int8_w8a8")]
          + [("mixtral", "mxfp4"), ("deepseek_v3", "mxfp4"), ("mixtral", "nvfp4"), ("mixtral", "int8_w8a8")]
@@ -153,6 +154,36 @@ def test_moe_gather_keeps_the_standard_op_form(exports, tmp_path):
     out = build(exports[("qwen3_moe", "mxfp4")], tmp_path / "onnx", "cpu", "fp32", accuracy_level=1, moe="gather")
     ops = op_types(out)
     assert "MatMulExpertsMxfp4" not in ops and ops["If"] == SPARSE["qwen3_moe"]
+
+
+def test_gate_up_with_different_input_scales_stay_apart(exports, tmp_path):
+    """MXFP4 + FP8 experts fuse gate and up only where their static input scales are equal (amd-quark's exports):
+    one expert's up_proj input_scale doubled gives that layer three nodes again, and the kernel still agrees with the
+    nodes' ONNX-function fallback (the routed standard-op form) on the changed model."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+    src = exports[("qwen3_moe", "mxfp4_fp8")]
+    export = tmp_path / "export"
+    shutil.copytree(src, export)
+    changed = 0
+    for f in sorted((export / "quark").glob("*.safetensors")):
+        tensors = load_file(f)
+        name = "model.layers.0.mlp.experts.1.up_proj.input_scale"
+        if name in tensors:
+            tensors[name] = np.asarray(tensors[name] * np.float32(2), np.float32)
+            save_file(tensors, f, metadata={"format": "pt"})
+            changed += 1
+    assert changed == 1
+    out = build(export, tmp_path / "onnx", "cpu", "fp32", accuracy_level=1)
+    library = shipped_library(out)
+    if library is None:
+        pytest.skip("no custom-op library: the conversion wrote the fp32 forms")
+    assert op_types(out).get(OP["mxfp4_fp8"]) == 3 + 2  # layer 0 apart, layer 1 fused
+    ids = np.load(src / "reference.npz")["input_ids"]
+    kernel = prompt_logits(out, ids)
+    fallback = prompt_logits(out, ids, custom_ops_library="")
+    assert float(np.abs(kernel - fallback).max()) <= LOGIT_TOL
 
 
 def _check_stacks(out, op: str, nodes: int) -> None:

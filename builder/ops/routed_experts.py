@@ -716,25 +716,33 @@ def _op_expert_arrays(ctx, plan) -> dict[str, np.ndarray]:
 
 
 def _pair_arrays(ctx, pair: tuple) -> dict[str, np.ndarray]:
-    """One expert's gate and up projections as one weight: their arrays stacked along N (gate rows first)."""
+    """One expert's gate and up projections as one weight: their arrays stacked along N (gate rows first); the static
+    input quantization parameters, equal for the two (fuses_gate_up), once."""
     gate, up = (_op_expert_arrays(ctx, p) for p in pair)
-    return {role: np.concatenate([gate[role], up[role]], axis=0) for role in gate}
+    return {role: gate[role] if role in INPUT_ROLES else np.concatenate([gate[role], up[role]], axis=0)
+            for role in gate}
 
 
 # gate and up of every expert as one [E, 2N, ...] stack (one node, one activation preparation; each output row is the
 # same as from its own node: the kernels' rows do not depend on N): the formats whose per-expert arrays are all per
-# row (no per-tensor scale, no static input quantization)
-FUSED_GATE_UP_KEYS = ("int", "mxfp4")
+# row (no per-tensor weight scale). Static input quantization (mxfp4_fp8) fuses where each expert's gate and up
+# have the same parameters: then both quantize the same x to the same values. amd-quark's exports have them equal
+# (its observers see the same input; every Qwen3-MoE / Mixtral FP8, INT8 and MXFP4+FP8 fixture of tests/quark_factory.py)
+FUSED_GATE_UP_KEYS = ("int", "mxfp4", "mxfp4_fp8")
 
 
-def fuses_gate_up(experts: list[tuple]) -> bool:
-    """(gate, up, down) experts whose gate and up stack together (FUSED_GATE_UP_KEYS, the same format and width)."""
+def fuses_gate_up(ctx, experts: list[tuple]) -> bool:
+    """(gate, up, down) experts whose gate and up stack together (FUSED_GATE_UP_KEYS, the same format and width, the
+    same static input quantization parameters)."""
     if len(experts[0]) != 3:
         return False
     for gate, up, _ in experts:
         key = stack_key(gate)
         if (not key or key[0] not in FUSED_GATE_UP_KEYS or stack_key(up) != key or gate.has_bias or up.has_bias
                 or gate.in_features != up.in_features or gate.out_features != up.out_features):
+            return False
+        a, b = (_input_quant_arrays(ctx, p, (1,)) for p in (gate, up))
+        if a.keys() != b.keys() or any(not np.array_equal(a[r], b[r]) for r in a):
             return False
     return True
 
@@ -816,7 +824,7 @@ def emit_experts_op(ctx, x: str, routing: Routing, experts: list[tuple], activat
     """x [B, S, H] -> the routed experts' weighted sum [B, S, H] through MatMulExperts* (see above)."""
     g = ctx.graph
     hidden = experts[0][0].in_features
-    fused = fuses_gate_up(experts)
+    fused = fuses_gate_up(ctx, experts)
     if fused:
         stacks = [build_op_stack(ctx, [(e[0], e[1]) for e in experts], f"{name}.experts.gate_up"),
                   build_op_stack(ctx, [e[2] for e in experts], f"{name}.experts.2")]
