@@ -1,7 +1,7 @@
 """Real-size CPU outputs of the published Quark schemes: the compact default against the old fp32-dense form.
 
     python benchmarks/real_size.py [--work DIR] [--layers 2] [--vocab 32000|proportional] [--rounds 2]
-                                   [--only fp8_kv,...,gpt_oss_mxfp4,qwen3_moe_uint4,qwen3_moe_mxfp4] [--max_gib 8]
+                                   [--only fp8_kv,...,qwen3_moe_mxfp4,gpt_oss_mxfp4_fp8,...] [--max_gib 8]
                                    [--no_dense]
 
 For each release shape it writes a layer-sliced, format-exact synthetic Quark export (the tensor names, dtypes, shapes
@@ -26,7 +26,9 @@ tests/test_real_size_moe.py): gpt-oss-20b (hidden 2880, 24 layers, 32 experts to
 vocab 201088, sinks, sliding window 128 on alternate layers, clamped SwiGLU, biases) as MXFP4 (amd-quark's mxfp4
 template: every linear but lm_head and the routers), and Qwen3-30B-A3B (hidden 2048, 48 layers, 128 experts top-8 of
 width 768, 32/4 heads of 128, vocab 151936, norm_topk_prob) as uint4 g32 (asymmetric, weight-only: the test
-factory's uint4_g32) and MXFP4. Their cpu default: com.quark_onnx MatMulExpertsMxfp4 for MXFP4 experts,
+factory's uint4_g32) and MXFP4; both also as mxfp4_fp8 (MXFP4 weights, static FP8 activations: the *_mxfp4_fp8
+rows). Their cpu default: com.quark_onnx MatMulExpertsMxfp4 for MXFP4 experts (MatMulExpertsMxfp4R16, the 16-row
+tiles, where A is float: mxfp4_fp8),
 MatMulExpertsUint4 at accuracy_level 1 (exact) for uint4 experts and MatMulUint4 (exact) for their attention
 (builder/ops/moe.py; the uint4 rows also run int4_experts=qmoe, one com.microsoft QMoE per layer, and
 accuracy_level=4: int8 activations in the experts op and MatMulNBits, the default before 2026-12-05). What
@@ -98,8 +100,11 @@ def linear_tensors(scheme: str, rng, proj: str, n: int, k: int) -> dict[str, np.
                 "weight_zero_point": np.array(0, np.int8), "input_scale": _scalar(0.02),
                 "input_zero_point": np.array(0, np.int8)}
     packed = rng.integers(0, 256, size=(n, k // 2), dtype=np.uint8)
-    if scheme == "mxfp4":
-        return {"weight": packed, "weight_scale": rng.integers(118, 124, size=(n, k // 32), dtype=np.uint8)}
+    if scheme in ("mxfp4", "mxfp4_fp8"):
+        t = {"weight": packed, "weight_scale": rng.integers(118, 124, size=(n, k // 32), dtype=np.uint8)}
+        if scheme == "mxfp4_fp8":  # static per-tensor FP8 activations: amax / 448 of an input of amax about 9
+            t["input_scale"] = _scalar(0.02)
+        return t
     assert scheme == "nvfp4"
     block = rng.uniform(0.5, 8.0, size=(n, k // 16)).astype(ml_dtypes.float8_e4m3fn)
     return {"weight": packed, "weight_scale": block, "weight_scale_2": _scalar(2e-3), "input_scale_2": _scalar(0.01)}
@@ -122,7 +127,8 @@ def baseline_form(scheme: str) -> str:
 # (builder/compact_forms.py missing_kernels); this run measures the form either way and says which ran. uint4: the
 # cpu default itself (MatMulUint4 linears, MatMulExpertsUint4 experts), no option
 COMPACT_OPTION = {"fp8_kv": ["fp8_linear=compact"], "ptpc": ["fp8_linear=compact"], "int8": ["int8_linear=compact"],
-                  "mxfp4": ["fp4_linear=compact"], "nvfp4": ["fp4_linear=compact"], "uint4": []}
+                  "mxfp4": ["fp4_linear=compact"], "mxfp4_fp8": ["fp4_linear=compact"], "nvfp4": ["fp4_linear=compact"],
+                  "uint4": []}
 # uint4 MoE rows: also --extra_options int4_experts=qmoe (QMoE instead of MatMulExpertsUint4: the default before
 # 2026-12-05, and the form without the library; docs/moe.md)
 INT4_EXPERTS_FORM = "int4_experts=qmoe (QMoE, MatMulUint4)"
@@ -142,6 +148,11 @@ SCHEMES = {  # row name -> (synthetic scheme, config key of real_size_quant_conf
     "gpt_oss_mxfp4": ("mxfp4", "mxfp4", "gpt-oss-20b MXFP4 (experts and attention)", GPT_OSS_20B),
     "qwen3_moe_uint4": ("uint4", "uint4_g32", "Qwen3-30B-A3B uint4 g32", QWEN3_30B_A3B),
     "qwen3_moe_mxfp4": ("mxfp4", "mxfp4", "Qwen3-30B-A3B MXFP4", QWEN3_30B_A3B),
+    # amd-quark's mxfp4_fp8 template (w_mxfp4_a_fp8): MXFP4 weights, static per-tensor FP8 activations; float A,
+    # so the cpu default takes the 16-row FP4 tiles (MatMulExpertsMxfp4R16, MatMulMxfp4R16)
+    "gpt_oss_mxfp4_fp8": ("mxfp4_fp8", "mxfp4_fp8", "gpt-oss-20b MXFP4 weights + FP8 activations", GPT_OSS_20B),
+    "qwen3_moe_mxfp4_fp8": ("mxfp4_fp8", "mxfp4_fp8", "Qwen3-30B-A3B MXFP4 weights + FP8 activations",
+                            QWEN3_30B_A3B),
 }
 
 

@@ -1,10 +1,11 @@
 """benchmarks/real_size.py's synthetic MoE exports (write_moe_export) against the tiny exports amd-quark 0.13 itself
-made (tests/quark_factory.py: qwen3_moe with uint4 g32 and MXFP4, gpt_oss with MXFP4).
+made (tests/quark_factory.py: qwen3_moe with uint4 g32, MXFP4 and MXFP4 + FP8 activations, gpt_oss with MXFP4 and
+MXFP4 + FP8 activations).
 
 The writer is run at each fixture's own shape (read from the fixture's config.json) and float32, the fixture's
 dtype; then, for the layers both have as sparse MoE layers: the same tensor names, dtypes and shapes; the same
 config.json keys and quantization_config (the routers excluded layer by layer, then lm_head); and converted for -e cpu
-(the default: MatMulExpertsMxfp4 / QMoE), the same nodes (op type and domain) and initializers (name, dtype,
+(the default: MatMulExpertsMxfp4, MatMulExpertsMxfp4R16 for float A, MatMulExpertsUint4), the same nodes (op type and domain) and initializers (name, dtype,
 shape) in those layers. The real-size rows (bfloat16 at the release shapes) differ from these only in the shape
 values and the float dtype.
 """
@@ -26,11 +27,13 @@ from onnx_helpers import build
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from real_size import CONFIGS, session_weight_bytes, write_moe_export  # noqa: E402
 
-CASES = [("qwen3_moe", "uint4_g32", "uint4"), ("qwen3_moe", "mxfp4", "mxfp4"), ("gpt_oss", "mxfp4", "mxfp4")]
+CASES = [("qwen3_moe", "uint4_g32", "uint4"), ("qwen3_moe", "mxfp4", "mxfp4"), ("gpt_oss", "mxfp4", "mxfp4"),
+         ("qwen3_moe", "mxfp4_fp8", "mxfp4_fp8"), ("gpt_oss", "mxfp4_fp8", "mxfp4_fp8")]
 QUARK_EXPORTS = [(shape, recipe) for shape, recipe, _ in CASES]
-CONFIG_KEY = {"uint4_g32": "uint4_g32", "mxfp4": "mxfp4"}  # benchmarks/real_size_quant_configs.json
+CONFIG_KEY = {"uint4_g32": "uint4_g32", "mxfp4": "mxfp4", "mxfp4_fp8": "mxfp4_fp8"}  # benchmarks/real_size_quant_configs.json
 ROTARY_CACHES = ("cos_cache", "sin_cache")  # [max_position_embeddings, ...]: the writer's is the release's
-EXPECTED_OP = {"uint4": ("com.quark_onnx", "MatMulExpertsUint4"), "mxfp4": ("com.quark_onnx", "MatMulExpertsMxfp4")}
+EXPECTED_OP = {"uint4": ("com.quark_onnx", "MatMulExpertsUint4"), "mxfp4": ("com.quark_onnx", "MatMulExpertsMxfp4"),
+               "mxfp4_fp8": ("com.quark_onnx", "MatMulExpertsMxfp4R16")}  # float A: the 16-row tiles
 
 
 def tensors(folder: Path) -> dict[str, tuple[str, tuple]]:
