@@ -20,10 +20,11 @@ PROJECTIONS = {"gpt_oss": 2}
 
 
 def nodes_per_layer(shape: str, recipe: str) -> int:
-    """Experts-op nodes per sparse layer: gate_up (gpt-oss's own, or gate and up fused for 4-bit integer and MXFP4
-    experts, and MXFP4 + FP8 whose gate and up input scales are equal, as amd-quark writes them:
-    builder/ops/routed_experts.py FUSED_GATE_UP_KEYS) and down; else gate, up, down."""
-    return 2 if shape in PROJECTIONS or recipe in ("mxfp4", "mxfp4_fp8", "uint4_g32", "int4_per_channel") else 3
+    """Experts-op nodes per sparse layer: gate_up (gpt-oss's own, or gate and up fused: 4-bit integer and MXFP4
+    experts, and MXFP4 + FP8, FP8 and INT8 W8A8 ones whose gate and up input scales are equal, as amd-quark writes
+    them: builder/ops/routed_experts.py FUSED_GATE_UP_KEYS) and down; else (NVFP4: a weight_scale_2 per projection)
+    gate, up, down."""
+    return 3 if shape not in PROJECTIONS and recipe == "nvfp4" else 2
 CASES = ([("qwen3_moe", r) for r in ("mxfp4", "mxfp4_fp8", "fp8_w8a8", "nvfp4")]
          + [("qwen2_moe", r) for r in ("mxfp4", "fp8_w8a8", "nvfp4", "int8_w8a8")]
          + [("mixtral", "mxfp4"), ("deepseek_v3", "mxfp4"), ("mixtral", "nvfp4"), ("mixtral", "int8_w8a8")]
@@ -217,7 +218,7 @@ def test_int8_experts_op_after_matmul_int8_layers(exports, tmp_path):
     library = shipped_library(routed)
     if library is None:
         pytest.skip("no custom-op library")
-    assert op_types(routed).get("MatMulExpertsInt8") == SPARSE["qwen3_moe"] * 3
+    assert op_types(routed).get("MatMulExpertsInt8") == SPARSE["qwen3_moe"] * nodes_per_layer("qwen3_moe", "int8_w8a8")
     dense = build(export, tmp_path / "dense", "cpu", "fp32", accuracy_level=1, moe="dense")
     ids = ref["input_ids"]
     assert float(np.abs(prompt_logits(routed, ids) - prompt_logits(dense, ids)).max()) <= 1e-5

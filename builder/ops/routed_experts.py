@@ -719,16 +719,22 @@ def _pair_arrays(ctx, pair: tuple) -> dict[str, np.ndarray]:
     """One expert's gate and up projections as one weight: their arrays stacked along N (gate rows first); the static
     input quantization parameters, equal for the two (fuses_gate_up), once."""
     gate, up = (_op_expert_arrays(ctx, p) for p in pair)
+    if stack_key(pair[0])[0] in PER_TENSOR_SCALE_KEYS:  # FP8 / INT8 column scales: a per-tensor one on each of its rows
+        gate["scale"], up["scale"] = (np.broadcast_to(a["scale"], (a["data"].shape[0],)) for a in (gate, up))
     return {role: gate[role] if role in INPUT_ROLES else np.concatenate([gate[role], up[role]], axis=0)
             for role in gate}
 
 
 # gate and up of every expert as one [E, 2N, ...] stack (one node, one activation preparation; each output row is the
 # same as from its own node: the kernels' rows do not depend on N): the formats whose per-expert arrays are all per
-# row (no per-tensor weight scale). Static input quantization (mxfp4_fp8) fuses where each expert's gate and up
-# have the same parameters: then both quantize the same x to the same values. amd-quark's exports have them equal
-# (its observers see the same input; every Qwen3-MoE / Mixtral FP8, INT8 and MXFP4+FP8 fixture of tests/quark_factory.py)
-FUSED_GATE_UP_KEYS = ("int", "mxfp4", "mxfp4_fp8")
+# row. FP8 and INT8 W8A8 stacks take their per-tensor weight scale as a column scale on each of the projection's rows
+# ([E, 2N]: the kernels multiply each output by its column's scale after the dot product, one scale or N the same
+# way, custom_ops/src/qo_cpu_experts.c scaled_experts). Static input quantization (mxfp4_fp8, FP8, INT8) fuses where
+# each expert's gate and up have the same parameters: then both quantize the same x to the same values. amd-quark's
+# exports have them equal (its observers see the same input; every Qwen3-MoE / Mixtral FP8, INT8 and MXFP4 + FP8
+# fixture of tests/quark_factory.py)
+PER_TENSOR_SCALE_KEYS = ("fp8", "int8_w8a8")
+FUSED_GATE_UP_KEYS = ("int", "mxfp4", "mxfp4_fp8", *PER_TENSOR_SCALE_KEYS)
 
 
 def fuses_gate_up(ctx, experts: list[tuple]) -> bool:
