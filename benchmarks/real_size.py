@@ -27,7 +27,7 @@ vocab 201088, sinks, sliding window 128 on alternate layers, clamped SwiGLU, bia
 template: every linear but lm_head and the routers), and Qwen3-30B-A3B (hidden 2048, 48 layers, 128 experts top-8 of
 width 768, 32/4 heads of 128, vocab 151936, norm_topk_prob) as uint4 g32 (asymmetric, weight-only: the test
 factory's uint4_g32) and MXFP4; both also as mxfp4_fp8 (MXFP4 weights, static FP8 activations: the *_mxfp4_fp8
-rows). Their cpu default: com.quark_onnx MatMulExpertsMxfp4 for MXFP4 experts (MatMulExpertsMxfp4R16, the 16-row
+rows), and Qwen3-30B-A3B as FP8 W8A8 + FP8 KV (qwen3_moe_fp8_kv: MatMulExpertsFp8). Their cpu default: com.quark_onnx MatMulExpertsMxfp4 for MXFP4 experts (MatMulExpertsMxfp4R16, the 16-row
 tiles, where A is float: mxfp4_fp8),
 MatMulExpertsUint4 at accuracy_level 1 (exact) for uint4 experts and MatMulUint4 (exact) for their attention
 (builder/ops/moe.py; the uint4 rows also run int4_experts=qmoe, one com.microsoft QMoE per layer, and
@@ -150,6 +150,8 @@ SCHEMES = {  # row name -> (synthetic scheme, config key of real_size_quant_conf
     "qwen3_moe_mxfp4": ("mxfp4", "mxfp4", "Qwen3-30B-A3B MXFP4", QWEN3_30B_A3B),
     # amd-quark's mxfp4_fp8 template (w_mxfp4_a_fp8): MXFP4 weights, static per-tensor FP8 activations; float A,
     # so the cpu default takes the 16-row FP4 tiles (MatMulExpertsMxfp4R16, MatMulMxfp4R16)
+    # FP8 W8A8 + FP8 KV experts (amd-quark's fp8_w8a8_kv template; AMD's Mixtral FP8-KV releases are this scheme)
+    "qwen3_moe_fp8_kv": ("fp8_kv", "fp8_w8a8_kv", "Qwen3-30B-A3B FP8 W8A8 + FP8 KV", QWEN3_30B_A3B),
     "gpt_oss_mxfp4_fp8": ("mxfp4_fp8", "mxfp4_fp8", "gpt-oss-20b MXFP4 weights + FP8 activations", GPT_OSS_20B),
     "qwen3_moe_mxfp4_fp8": ("mxfp4_fp8", "mxfp4_fp8", "Qwen3-30B-A3B MXFP4 weights + FP8 activations",
                             QWEN3_30B_A3B),
@@ -211,7 +213,7 @@ def _finish(out: Path) -> None:
 # g1, u1, ...) with float biases; the routers (Qwen3 mlp.gate, gpt-oss mlp.router) float and named, layer by layer,
 # in `exclude` before lm_head. Float tensors in the model dtype (bfloat16 for the releases; quantization scales of
 # uint4 too), MXFP4 scales e8m0 bytes.
-def moe_linear_tensors(kind: str, rng, n: int, k: int, float_dtype) -> dict[str, np.ndarray]:
+def moe_linear_tensors(kind: str, rng, n: int, k: int, float_dtype, proj: str = "") -> dict[str, np.ndarray]:
     if kind == "uint4":  # Quark's reorder-packed int32 words [K, N/8], scales [K/32, N], zero points [K/32, N/8]
         from synthetic_quark_export import linear_tensors as uint4_tensors
         t = {key.rsplit(".", 1)[-1]: v for key, v in uint4_tensors(rng, "w", n, k, 32).items()}
@@ -219,7 +221,7 @@ def moe_linear_tensors(kind: str, rng, n: int, k: int, float_dtype) -> dict[str,
         zp = t["weight_zero_point"]  # asymmetric: zero points vary (not all 8, which MatMulNBits would leave out)
         t["weight_zero_point"] = np.frombuffer(rng.bytes(zp.size * 4), np.int32).reshape(zp.shape)
         return t
-    return linear_tensors(kind, rng, "", n, k)
+    return linear_tensors(kind, rng, proj, n, k)  # proj: FP8 KV's output scales on k_proj / v_proj
 
 
 def moe_config(s: dict, quant: dict, float_name: str) -> dict:
@@ -291,7 +293,7 @@ def write_moe_export(out: Path, kind: str, quant: dict, s: dict, float_dtype=BF1
         linears = {f"self_attn.{k}": v for k, v in attn.items()}
         linears.update({f"mlp.experts.{e}.{k}": v for e in range(s["experts"]) for k, v in experts.items()})
         for proj, (n, k) in linears.items():
-            for suffix, value in moe_linear_tensors(kind, rng, n, k, fd).items():
+            for suffix, value in moe_linear_tensors(kind, rng, n, k, fd, proj).items():
                 tensors[f"{p}.{proj}.{suffix}"] = eager(np.array(value, order="C"))
             if gpt:
                 tensors[f"{p}.{proj}.bias"] = floats(n)
