@@ -91,7 +91,13 @@ def _has_int4(plan) -> bool:
 
 
 def _has_fp4(plan) -> bool:
+    """Some linear has FP4 weights and dynamic FP4 activations (what mx_activations acts on)."""
     return any(lp.scheme.__name__ in ("Mxfp4Linear", "Nvfp4Linear") for lp in plan.linears.values())
+
+
+def _has_fp4_weight(plan) -> bool:
+    """Some linear has FP4 weights (fp4_linear: MXFP4 with FP8 activations too, builder/quant/mxfp4_fp8.py)."""
+    return any(lp.scheme.__name__ in ("Mxfp4Linear", "Nvfp4Linear", "Mxfp4Fp8Linear") for lp in plan.linears.values())
 
 
 def _has_mx_gemm(plan) -> bool:
@@ -146,7 +152,7 @@ OPTIONS: dict[str, Option] = {
                           "4-bit weight-only linear form: compact (cpu default with the custom-op library: "
                           "com.quark_onnx MatMulUint4/MatMulInt4, fp32 activations, exact, the same bits on every "
                           "CPU) | matmul_nbits (MatMulNBits at accuracy_level; the default elsewhere)"),
-    "fp4_linear": Option(_choices_of(("builder.quant.mxfp4", "FP4_LINEAR_METHODS")), _has_fp4,
+    "fp4_linear": Option(_choices_of(("builder.quant.mxfp4", "FP4_LINEAR_METHODS")), _has_fp4_weight,
                          "FP4 weight form (overrides the EP profile)"),
     "amd_arch": Option(_choices_of(("builder.quant.mx_gemm", "AMD_ARCHES")), _has_mx_gemm,
                        "-e rocm / -e migraphx target chip: any (forms every gfx parses; default) | gfx950 (MXFP4 "

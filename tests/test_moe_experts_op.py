@@ -187,6 +187,26 @@ def test_gate_up_with_different_input_scales_stay_apart(exports, tmp_path):
     assert float(np.abs(kernel - fallback).max()) <= LOGIT_TOL
 
 
+def test_mxfp4_fp8_takes_fp4_linear_compact_rows(exports, tmp_path):
+    """`fp4_linear` applies to MXFP4 weights with FP8 activations (no "does not apply" warning: it was given one
+    until 2026-12-05 although it took effect): compact_rows gives the checkpoint-order MatMulExpertsMxfp4 /
+    MatMulMxfp4 instead of the tiles, within LOGIT_TOL of Quark's model."""
+    from builder.convert import plan_model
+    from builder.options import options_not_applying, parse_extra_options
+    export = exports[("qwen3_moe", "mxfp4_fp8")]
+    plan, ckpt = plan_model(export / "quark", "cpu", None, parse_extra_options(["fp4_linear=compact_rows"]))
+    ckpt.close()
+    assert options_not_applying(plan) == []
+    out = build(export, tmp_path / "onnx", "cpu", "fp32", accuracy_level=1, fp4_linear="compact_rows")
+    if shipped_library(out) is None:
+        pytest.skip("no custom-op library: the conversion wrote the fp32 forms")
+    ops = op_types(out)
+    assert ops.get("MatMulExpertsMxfp4") == SPARSE["qwen3_moe"] * 2 and "MatMulExpertsMxfp4R16" not in ops, ops
+    assert ops.get("MatMulMxfp4") and "MatMulMxfp4R16" not in ops, ops
+    ref = np.load(export / "reference.npz")
+    assert float(np.abs(prompt_logits(out, ref["input_ids"]) - ref["logits"]).max()) <= LOGIT_TOL
+
+
 def _check_stacks(out, op: str, nodes: int) -> None:
     """Each node reads [E, N, ...] stacks in the dense op's layout: NVFP4 e2m1 bytes, e4m3fn block scales and the
     experts' weight_scale_2 [E]; INT8 int8 bytes and [E] or [E, N] fp32 scales."""
