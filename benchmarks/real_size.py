@@ -27,7 +27,8 @@ vocab 201088, sinks, sliding window 128 on alternate layers, clamped SwiGLU, bia
 template: every linear but lm_head and the routers), and Qwen3-30B-A3B (hidden 2048, 48 layers, 128 experts top-8 of
 width 768, 32/4 heads of 128, vocab 151936, norm_topk_prob) as uint4 g32 (asymmetric, weight-only: the test
 factory's uint4_g32) and MXFP4; both also as mxfp4_fp8 (MXFP4 weights, static FP8 activations: the *_mxfp4_fp8
-rows), and Qwen3-30B-A3B as FP8 W8A8 + FP8 KV (qwen3_moe_fp8_kv: MatMulExpertsFp8). Their cpu default: com.quark_onnx MatMulExpertsMxfp4 for MXFP4 experts (MatMulExpertsMxfp4R16, the 16-row
+rows), and Qwen3-30B-A3B as FP8 W8A8 + FP8 KV (qwen3_moe_fp8_kv: MatMulExpertsFp8) and NVFP4 (qwen3_moe_nvfp4:
+MatMulExpertsNvfp4R16). Their cpu default: com.quark_onnx MatMulExpertsMxfp4 for MXFP4 experts (MatMulExpertsMxfp4R16, the 16-row
 tiles, where A is float: mxfp4_fp8),
 MatMulExpertsUint4 at accuracy_level 1 (exact) for uint4 experts and MatMulUint4 (exact) for their attention
 (builder/ops/moe.py; the uint4 rows also run int4_experts=qmoe, one com.microsoft QMoE per layer, and
@@ -152,6 +153,8 @@ SCHEMES = {  # row name -> (synthetic scheme, config key of real_size_quant_conf
     # so the cpu default takes the 16-row FP4 tiles (MatMulExpertsMxfp4R16, MatMulMxfp4R16)
     # FP8 W8A8 + FP8 KV experts (amd-quark's fp8_w8a8_kv template; AMD's Mixtral FP8-KV releases are this scheme)
     "qwen3_moe_fp8_kv": ("fp8_kv", "fp8_w8a8_kv", "Qwen3-30B-A3B FP8 W8A8 + FP8 KV", QWEN3_30B_A3B),
+    # NVFP4 experts (amd-quark's nvfp4 template: dynamic NVFP4 activations; MatMulExpertsNvfp4R16, 16-row tiles)
+    "qwen3_moe_nvfp4": ("nvfp4", "nvfp4", "Qwen3-30B-A3B NVFP4", QWEN3_30B_A3B),
     "gpt_oss_mxfp4_fp8": ("mxfp4_fp8", "mxfp4_fp8", "gpt-oss-20b MXFP4 weights + FP8 activations", GPT_OSS_20B),
     "qwen3_moe_mxfp4_fp8": ("mxfp4_fp8", "mxfp4_fp8", "Qwen3-30B-A3B MXFP4 weights + FP8 activations",
                             QWEN3_30B_A3B),

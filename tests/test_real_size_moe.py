@@ -29,13 +29,14 @@ from real_size import CONFIGS, session_weight_bytes, write_moe_export  # noqa: E
 
 CASES = [("qwen3_moe", "uint4_g32", "uint4"), ("qwen3_moe", "mxfp4", "mxfp4"), ("gpt_oss", "mxfp4", "mxfp4"),
          ("qwen3_moe", "mxfp4_fp8", "mxfp4_fp8"), ("gpt_oss", "mxfp4_fp8", "mxfp4_fp8"),
-         ("qwen3_moe", "fp8_w8a8_kv", "fp8_kv")]
+         ("qwen3_moe", "fp8_w8a8_kv", "fp8_kv"), ("qwen3_moe", "nvfp4", "nvfp4")]
 QUARK_EXPORTS = [(shape, recipe) for shape, recipe, _ in CASES]
-CONFIG_KEY = {"uint4_g32": "uint4_g32", "mxfp4": "mxfp4", "mxfp4_fp8": "mxfp4_fp8", "fp8_w8a8_kv": "fp8_w8a8_kv"}  # benchmarks/real_size_quant_configs.json
+CONFIG_KEY = {"uint4_g32": "uint4_g32", "mxfp4": "mxfp4", "mxfp4_fp8": "mxfp4_fp8", "fp8_w8a8_kv": "fp8_w8a8_kv",
+              "nvfp4": "nvfp4"}  # benchmarks/real_size_quant_configs.json
 ROTARY_CACHES = ("cos_cache", "sin_cache")  # [max_position_embeddings, ...]: the writer's is the release's
 EXPECTED_OP = {"uint4": ("com.quark_onnx", "MatMulExpertsUint4"), "mxfp4": ("com.quark_onnx", "MatMulExpertsMxfp4"),
                "mxfp4_fp8": ("com.quark_onnx", "MatMulExpertsMxfp4R16"),  # float A: the 16-row tiles
-               "fp8_kv": ("com.quark_onnx", "MatMulExpertsFp8")}
+               "fp8_kv": ("com.quark_onnx", "MatMulExpertsFp8"), "nvfp4": ("com.quark_onnx", "MatMulExpertsNvfp4R16")}
 
 
 def tensors(folder: Path) -> dict[str, tuple[str, tuple]]:
@@ -100,7 +101,8 @@ def test_synthetic_moe_export_matches_quark(quark_exports, tmp_path, shape, reci
     theirs = graph_parts(build(fixture, tmp_path / "fixture_onnx", "cpu", "fp32"), layers)
     ours = graph_parts(build(syn, tmp_path / "syn_onnx", "cpu", "fp32"), layers)
     assert ours[0] == theirs[0]
-    per_layer = 2  # MatMulExperts*: gate_up (gpt-oss's own, or fused), down
+    # MatMulExperts*: gate_up (gpt-oss's own, or fused), down; NVFP4 gate and up apart (a weight_scale_2 each)
+    per_layer = 3 if kind == "nvfp4" and shape != "gpt_oss" else 2
     assert ours[0][EXPECTED_OP[kind]] == per_layer * len(layers)
     assert sorted(set(ours[1]) ^ set(theirs[1])) == []
     assert {k: v for k, v in ours[1].items() if theirs[1][k] != v} == {}
@@ -115,7 +117,8 @@ def test_streamed_bytes_count_top_k_of_the_experts(quark_exports, tmp_path, shap
     expert stack. Expected from the export's own tensors (the compact forms keep their bytes: MatMulExpertsMxfp4 /
     MatMulMxfp4 the e2m1 + e8m0 bytes, QMoE and MatMulNBits the 4-bit codes, fp32 scales and packed zero points of
     this float32 export; lm_head and routers fp32; FP8 experts' fused gate and up stack its per-tensor scales as an
-    fp32 column scale per row, builder/ops/routed_experts.py _pair_arrays; a dense FP8 linear reads its 0-d scale)."""
+    fp32 column scale per row, builder/ops/routed_experts.py _pair_arrays; a dense FP8 / NVFP4 linear reads its 0-d
+    scale)."""
     cfg = json.loads((quark_exports(shape, recipe) / "quark" / "config.json").read_text())
     s = shape_of(cfg)
     syn = write_moe_export(tmp_path / "syn", kind, CONFIGS[CONFIG_KEY[recipe]], s, np.float32)
@@ -127,7 +130,8 @@ def test_streamed_bytes_count_top_k_of_the_experts(quark_exports, tmp_path, shap
             expected += DTYPE_BYTES[dtype] * int(np.prod(dims)) * share
             if dtype == "F8_E4M3" and name.endswith(("gate_proj.weight", "up_proj.weight")) and ".experts." in name:
                 expected += 4 * dims[0] * share
-        elif name.endswith("weight_scale") and not dims and ".experts." not in name:  # MatMulFp8's scalar scale
+        elif name.endswith(("weight_scale", "weight_scale_2")) and not dims and ".experts." not in name:
+            # the dense linears' 0-d scale: MatMulFp8's weight scale, MatMulNvfp4R16's weight_scale_2
             expected += DTYPE_BYTES[dtype]
     got = session_weight_bytes(build(syn, tmp_path / "onnx", "cpu", "fp32"), s["top_k"])["streamed_bytes_per_token"]
     assert got == pytest.approx(expected, rel=1e-6)
