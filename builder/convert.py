@@ -67,6 +67,13 @@ class ModelPlan:
     attention: object = None      # callable emitting one layer's attention core
     decoder_extras: dict = field(default_factory=dict)
     search_extras: dict = field(default_factory=dict)  # genai_config "search" overrides
+    # {linear name: what `inspect` says it becomes} where a block emits it in place of the scheme's own form (routed
+    # experts through com.quark_onnx MatMulExperts*: builder/ops/moe.py form_note)
+    layer_forms: dict = field(default_factory=dict)
+    # {com.quark_onnx op: nodes} of such blocks (MatMulExperts*), counted in the kernel notes instead of the experts'
+    # own dense ops
+    block_ops: dict = field(default_factory=dict)
+    ckpt: object = None           # the open checkpoint while planning (small tensors a block's form depends on)
 
 
 def plan_model(source: str | Path, ep_name: str, precision: str | None = None,
@@ -205,19 +212,23 @@ def _plan_layers(source, cfg, quant, config_file, family, hp, generation, ckpt, 
         linears[name] = plan
     if options.extra.get("embedding") == "bf16":
         check_bf16_embedding(ckpt, ep)
-    custom = Counter(op for lp in linears.values()
-                     if (op := getattr(lp.scheme, "custom_op", lambda *_: None)(lp, ep, io)))
-    notes += [kernel_note(op, n, ep.name, options.custom_ops_library, library_kernels) for op, n in custom.items()]
+    kernel_notes_at = len(notes)  # the kernel notes go here once the family has said which blocks take which op
     if prefill_logits_form(options, ep.name) == "last":
         notes.append("logits: each sequence's last position only ([batch, 1, vocab]; a prompt runs the lm_head once; "
                      "onnxruntime-genai reads it as a pruned model); --extra_options prefill_logits=all for every "
                      "position (teacher-forced perplexity)")
     model_plan = ModelPlan(source, cfg, quant, family, hp, ep, io, options, linears, notes)
     model_plan.generation = generation
+    model_plan.ckpt = ckpt
     if hasattr(family, "check_plans"):  # what a family cannot express about its resolved layers or on this EP
         family.check_plans(model_plan)
     if hasattr(family, "plan_notes"):  # how the family's special blocks will be emitted (MoE: routed or dense)
         notes.extend(family.plan_notes(model_plan))
+    custom = Counter(op for name, lp in linears.items() if name not in model_plan.layer_forms
+                     and (op := getattr(lp.scheme, "custom_op", lambda *_: None)(lp, ep, io)))
+    custom.update(model_plan.block_ops)
+    notes[kernel_notes_at:kernel_notes_at] = [kernel_note(op, n, ep.name, options.custom_ops_library, library_kernels)
+                                              for op, n in custom.items()]
     from .attention_plan import choose_attention  # late import: attention variants register themselves
     choose_attention(model_plan, ckpt)
     if ep.plan_notes is not None:
@@ -485,7 +496,8 @@ def describe_plan(plan: ModelPlan) -> str:
         spec = lp.spec.short() if lp.spec else "float"
         bias = " +bias" if lp.has_bias else ""
         extra = plan.ep.layer_note(plan, name, lp) if plan.ep.layer_note is not None else None
-        lines.append(f"  {name:<{width}}  {spec}  ->  {lp.scheme.describe(lp, plan.ep, plan.io)}{bias}"
+        form = plan.layer_forms.get(name) or lp.scheme.describe(lp, plan.ep, plan.io)
+        lines.append(f"  {name:<{width}}  {spec}  ->  {form}{bias}"
                      + (f"  [{extra}]" if extra else ""))
     for note in plan.notes:
         lines.append(f"note: {note}")

@@ -74,6 +74,26 @@ def _check_against_quark(out, ref, library: str, op: str, label: str) -> None:
     assert genai_greedy(out, ids) == ref["greedy"].tolist()
 
 
+def _check_inspect(export, ops: dict, op: str) -> None:
+    """`inspect` says what the graph holds: each expert line names the experts op, whose kernel note counts the
+    built graph's nodes of it; the other com.quark_onnx notes count the linears whose lines name their op (until
+    2026-12-05 the experts' lines and counts named the dense layers' op)."""
+    import re
+
+    from builder.convert import describe_plan, plan_model
+    from builder.options import BuildOptions
+    plan, ckpt = plan_model(export / "quark", "cpu", "fp32", BuildOptions(extra={"accuracy_level": 1}))
+    ckpt.close()
+    text = describe_plan(plan)
+    experts = [ln for ln in text.splitlines() if ".experts." in ln and ln.startswith("  ")]
+    assert experts and all(f"routed expert: com.quark_onnx {op} (" in ln for ln in experts), experts[:2]
+    notes = {k: int(v) for k, v in re.findall(r"^note: com\.quark_onnx\.(\w+) x(\d+) on cpu", text, re.M)}
+    assert notes.get(op) == ops[op], (notes, ops)
+    lines = [ln for ln in text.splitlines() if ln.startswith("  ") and ".experts." not in ln]
+    assert {k: sum(bool(re.search(rf"com\.quark_onnx {k}\b", ln)) for ln in lines) for k in notes if k != op} == \
+        {k: v for k, v in notes.items() if k != op}
+
+
 def _logits(model_dir, ids, threads: int, library: str) -> np.ndarray:
     so = ort.SessionOptions()
     so.log_severity_level = 3
@@ -98,6 +118,7 @@ def test_experts_op_form_matches_quark(exports, tmp_path, shape, recipe):
     ops = op_types(out)
     assert ops.get(OP[recipe]) == SPARSE[shape] * nodes_per_layer(shape, recipe), ops
     assert "If" not in ops and "QMoE" not in ops
+    _check_inspect(export, ops, OP[recipe])
     if recipe in ("nvfp4", "int8_w8a8"):  # the routed node's inputs: the stacked initializers in the dense op's layout
         _check_stacks(out, OP[recipe], SPARSE[shape] * nodes_per_layer(shape, recipe))
     _check_against_quark(out, ref, library, OP[recipe], f"{shape} {recipe}")
@@ -116,6 +137,7 @@ def test_int4_experts_compact_matches_quark(exports, tmp_path, shape, recipe):
     ops = op_types(out)
     assert ops.get(INT4_OP[recipe]) == SPARSE[shape] * nodes_per_layer(shape, recipe), ops
     assert "If" not in ops and "QMoE" not in ops
+    _check_inspect(export, ops, INT4_OP[recipe])
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
     assert {a.i for n in model.graph.node if n.op_type == INT4_OP[recipe] for a in n.attribute
             if a.name == "accuracy_level"} == {1}  # exact

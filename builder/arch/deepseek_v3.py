@@ -35,7 +35,7 @@ from ..ops.grouped_qmoe import routed_qmoe
 from ..ops.grouped_topk_router import grouped_topk_weights
 from ..ops.mlp import silu_mlp
 from ..ops import routed_experts
-from ..ops.moe import expert_form
+from ..ops.moe import expert_form, form_note
 from ..ops.norm import rms_norm, skip_rms_norm
 from ..ops.rotary import cos_sin_caches, yarn_mscale
 from ..quant.fp8_w8a8 import scalar_scale
@@ -357,6 +357,14 @@ def build_graph(ctx, hp: DeepseekHyper, plans: dict, attention: MlaPlan) -> None
 class _Caches:  # what shared_values reads: the cos/sin initializers
     cos_cache: str
     sin_cache: str
+
+
+def plan_notes(model_plan) -> list[str]:
+    """How the MoE layers will be emitted (QMoE, MatMulExperts*, standard-op routed or dense), for `inspect` and the
+    conversion log."""
+    hp, plans = model_plan.hp, model_plan.linears
+    return [form_note(model_plan, {i: [tuple(plans[n] for n in expert_linears(hp, i, e)) for e in range(hp.num_experts)]
+                                   for i in range(hp.num_layers) if hp.is_moe(i)})]
 
 
 def moe_block(ctx, i: int, x: str, plans: dict, hp: DeepseekHyper) -> str:

@@ -150,7 +150,15 @@ def form_note(model_plan, blocks: dict[int, list[tuple]], biases: bool = False) 
     from . import routed_experts
     ctx = SimpleNamespace(ep=model_plan.ep, options=model_plan.options, io=model_plan.io)
     forms = {i: expert_form(ctx, experts, biases) for i, experts in blocks.items()}
-    n_op = sum(f == "gather" and routed_experts.experts_op_applies(ctx, blocks[i]) for i, (f, _) in forms.items())
+    op_blocks = [i for i, (f, _) in forms.items() if f == "gather" and routed_experts.experts_op_applies(ctx, blocks[i])]
+    n_op = len(op_blocks)
+    if op_blocks and model_plan.ckpt is not None:  # what `inspect` says of each expert, and the kernel notes' counts
+        scales = SimpleNamespace(ep=model_plan.ep, options=model_plan.options, io=model_plan.io, ckpt=model_plan.ckpt)
+        for i in op_blocks:
+            ops, layer_forms = routed_experts.planned_experts_ops(scales, blocks[i])
+            model_plan.layer_forms.update(layer_forms)
+            for op in ops:
+                model_plan.block_ops[op] = model_plan.block_ops.get(op, 0) + 1
     parts = []
     qmoe = sorted({bs for f, bs in forms.values() if f == "qmoe"})
     n_qmoe = sum(f == "qmoe" for f, _ in forms.values())

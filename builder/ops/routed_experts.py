@@ -739,7 +739,7 @@ FUSED_GATE_UP_KEYS = ("int", "mxfp4", "mxfp4_fp8", *PER_TENSOR_SCALE_KEYS)
 
 def fuses_gate_up(ctx, experts: list[tuple]) -> bool:
     """(gate, up, down) experts whose gate and up stack together (FUSED_GATE_UP_KEYS, the same format and width, the
-    same static input quantization parameters)."""
+    same static input quantization parameters: read from ctx.ckpt)."""
     if len(experts[0]) != 3:
         return False
     for gate, up, _ in experts:
@@ -824,6 +824,35 @@ def _op_project(ctx, st: OpStack, x: str, idx: str, p: str, mx_done: bool) -> st
     if st.bias is not None:
         y = g.op("Add", [y, g.op("Gather", [st.bias, idx], f"{p}/GatherBias", axis=0)], f"{p}/BiasAdd")
     return y
+
+
+def planned_experts_ops(ctx, experts: list[tuple]) -> tuple[list[str], dict[str, str]]:
+    """For `inspect`, before anything is written (ctx: ep, options, io and the checkpoint, whose input scales decide
+    the gate / up fusion): the ops emit_experts_op writes for one block (one entry per node) and {linear name: its
+    form}. 4-bit integer stacks: MatMulExpertsInt4 for int4 weights, else MatMulExpertsUint4 (the graph takes Int4
+    there too where every zero point is 8, known only when the weights are read)."""
+    fused = fuses_gate_up(ctx, experts)
+    groups = [[e[0] for e in experts] + [e[1] for e in experts], [e[2] for e in experts]] if fused else \
+        [[e[j] for e in experts] for j in range(len(experts[0]))]
+    ops, forms = [], {}
+    for plans in groups:
+        first = plans[0]
+        key = stack_key(first)
+        tiled = _tiled_experts_op(ctx, key, first)
+        signed = key[0] == "int" and key[1] == "int4"  # stored as q + 8: every zero point 8
+        op = tiled or (EXPERTS_OPS[key[0]][0] if key[0] != "int" else
+                       "MatMulExpertsInt4" if signed else "MatMulExpertsUint4")
+        ops.append(op)
+        how = [f"this expert's rows of the layer's [E, N, ...] stack{' in 16-row tiles' if tiled else ''}",
+               "the k chosen experts read in place"]
+        if key[0] == "int":
+            how.append(f"accuracy_level {int4_experts_level(ctx)}"
+                       + ("" if signed else "; MatMulExpertsInt4 if every zero point is 8"))
+        if fused and first in (experts[0][0], experts[0][1]):
+            how.append("gate and up one node")
+        form = f"routed expert: com.quark_onnx {op} ({'; '.join(how)}; ONNX-function fallback)"
+        forms.update({p.name: form for p in plans})
+    return ops, forms
 
 
 def emit_experts_op(ctx, x: str, routing: Routing, experts: list[tuple], activation, name: str, prefix: str) -> str:
