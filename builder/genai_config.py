@@ -33,7 +33,8 @@ def build_genai_config(hp: DecoderHyper, ep: EPConfig, source_dir: Path, *, file
     pad = gen.get("pad_token_id", hp.pad_token_id)
     if pad is None:
         pad = eos[0] if isinstance(eos, list) else eos
-    session_options = {"log_id": "onnxruntime-genai", "provider_options": [dict(p) for p in ep.genai_provider_options]}
+    session_options = {"log_id": "onnxruntime-genai", "provider_options": [dict(p) for p in ep.genai_provider_options],
+                       **dict(ep.genai_session_options)}
     if custom_ops_library:
         session_options["custom_ops_library"] = custom_ops_library
     decoder = {

@@ -32,6 +32,7 @@ def test_fields_from_config_and_generation_config(tmp_path, ort_ops_library):
     assert dec["inputs"]["past_key_names"] == "past_key_values.%d.key"
     assert dec["outputs"]["present_value_names"] == "present.%d.value"
     assert dec["session_options"]["provider_options"] == []
+    assert dec["session_options"]["intra_op_num_threads"] == 0  # ORT's default: a thread per physical core
     assert search["temperature"] == 0.6 and search["top_p"] == 0.9 and search["do_sample"] is True
     assert search["max_length"] == 128
     # the custom-op library comes along for the cpu default's 4-bit linears (com.quark_onnx MatMulUint4)
@@ -51,3 +52,45 @@ def test_missing_custom_ops_library_is_refused(tmp_path):
     with pytest.raises(ConversionError, match="custom-op library not found"):
         build(tmp_path, custom_ops_library=str(tmp_path / "nope.so"))
     assert not (tmp_path / "out").exists()
+
+
+def _physical_cores() -> int:
+    """Distinct (physical id, core id) pairs of /proc/cpuinfo (0 where it cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return 0
+    cores, phys = set(), "0"
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "physical id":
+            phys = value.strip()
+        elif key.strip() == "core id":
+            cores.add((phys, value.strip()))
+    return len(cores)
+
+
+def test_cpu_output_runs_a_thread_per_physical_core(tmp_path, ort_ops_library):
+    """onnxruntime-genai's own default is hardware_concurrency() / 2 intra-op threads (one thread on a 2-core VM
+    without SMT); the cpu output's intra_op_num_threads 0 gives ONNX Runtime's default, one per physical core. Counted
+    as the threads the loaded model adds to the process, against the same output pinned to 1 thread."""
+    import shutil
+
+    import onnxruntime_genai as og
+    cores = _physical_cores()
+    if cores < 2:
+        pytest.skip(f"{cores} physical core(s) in /proc/cpuinfo: one intra-op thread either way")
+    out, cfg = build(tmp_path)
+    one = tmp_path / "one_thread"
+    shutil.copytree(out, one)
+    cfg["model"]["decoder"]["session_options"]["intra_op_num_threads"] = 1
+    (one / "genai_config.json").write_text(json.dumps(cfg))
+
+    def threads_added(folder: Path) -> int:
+        before = len(list(Path("/proc/self/task").iterdir()))
+        model = og.Model(str(folder))
+        added = len(list(Path("/proc/self/task").iterdir())) - before
+        del model
+        return added
+    threads_added(one)  # the first model also starts og's and ORT's process-wide threads
+    assert threads_added(out) - threads_added(one) == cores - 1  # ORT's default has no cap (og's own: 16)

@@ -10,6 +10,7 @@ class EPConfig:
     default_precision: str                     # io dtype when -p is not given
     precisions: tuple[str, ...]                # io dtypes this EP's kernels (GQA, MatMulNBits) take
     genai_provider_options: tuple[dict, ...]   # genai_config decoder.session_options.provider_options
+    genai_session_options: tuple[tuple, ...] = ()  # (key, value) pairs added to decoder.session_options
     matmul_nbits_bits: frozenset = frozenset({2, 4, 8})
     int_weight_dequantize_fallback: bool = False  # widths MatMulNBits lacks: DequantizeLinear -> MatMul
     matmul_nbits_bias_input: bool = True       # False: emit bias as a separate Add (MIGraphX ignores it)

@@ -10,6 +10,13 @@ CONFIG = EPConfig(
     # No entry: onnxruntime-genai 0.18 always has the CPU EP and throws when "cpu" is given provider options.
     genai_provider_options=(),
     genai_provider_note="empty provider_options: the CPU EP is always registered (genai rejects options for it)",
+    # One intra-op thread per physical core. onnxruntime-genai sets intra_op_num_threads to
+    # hardware_concurrency() / 2 when the config has none (src/models/model.cpp CreateSessionOptionsFromConfig, 0.18):
+    # right with two hardware threads per core, half the cores without SMT (1 thread on a 2-core VM, measured:
+    # gpt-oss-20b slice decode 19.7 against 10.2-10.9 ms a token). 0 hands the choice to ONNX Runtime, whose default
+    # is the number of physical cores (onnxruntime/core/util/thread_utils.h: "0: Use default setting. (All the
+    # physical cores or half of the logical cores)"): the same count where SMT is on, every core where it is off.
+    genai_session_options=(("intra_op_num_threads", 0),),
     # MatMulNBits' accuracy_level 4 (int8 activations) is its fast CPU path; 8-bit weights are 13-167x slower at
     # level 0 (ort_facts.md). It applies where MatMulNBits stays: 4-bit linears without the custom-op library (or
     # with int4_linear=matmul_nbits), 8-bit weight-only linears, and the routed 4-bit experts' level (below).
