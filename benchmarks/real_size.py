@@ -16,8 +16,9 @@ RSS (VmHWM after load / after decoding; "session / output": the decode peak less
 was loaded, over the output's bytes); decode tok/s and prefill ms (128 tokens) as measured on the slice, and as
 ratios to the fp32-dense form of the same run; GB/s streamed at decode (the bytes the session's weights hold per
 token, the embedding excepted, times tok/s) and that as a share of the machine's plain memory-read bandwidth measured
-in the same run (a C loop over 1 GiB, 1 and 2 threads, before and after, best; og uses both cores, so the share is
-of the 2-thread read). Writes benchmarks/results/real_size.{json,md}.
+in the same run (a C loop over 1 GiB, 1 and 2 threads, before and after, best; og runs a thread per physical core,
+genai_config intra_op_num_threads 0 since 2026-12-05, so the share is of the 2-thread read; before that og ran one
+thread on 2-vCPU machines). Writes benchmarks/results/real_size.{json,md}.
 
 Shapes (public configs): Llama-3.1-8B (hidden 4096, intermediate 14336, 32 layers, 32/8 heads, vocab 128256) as
 FP8 W8A8 + FP8 KV (amd/Llama-3.1-8B-Instruct-FP8-KV's scheme), PTPC FP8, NVFP4, MXFP4 and INT8 W8A8.
@@ -666,7 +667,7 @@ def main(argv=None) -> int:
     after = plain_read_gbs()
     best = {k: max(v, after[k]) for k, v in read.items()}
     for row in rows:
-        if "gbps" in row:  # og runs on every core (ORT's default intra-op pool): against the all-thread read
+        if "gbps" in row:  # og runs a thread per core (intra_op_num_threads 0): against the all-thread read
             row["read_GBs"], row["gbps_of_read"] = best, row["gbps"] / best["read_2t_GBs"]
     print(f"plain memory read: {best} (best of before {read} and after {after})")
     _save(rows, argv, best, name=a.results)
