@@ -160,6 +160,15 @@ def MatMulNvfp4R16(A, B: UINT8[...], B_scale: FLOAT8E4M3FN[...], B_scale_2: FLOA
 
 
 @script(quark_onnx)
+def QuantizeDequantizeFp8(X: FLOAT[...], scale: FLOAT[...]):
+    """Y = DequantizeLinear(QuantizeLinear(X, scale, e4m3fn zero, saturate=1), scale): a static per-tensor FP8
+    activation fake quantization (scale: a scalar), the pair the graph has without the library."""
+    s = op.Reshape(scale, op.Constant(value=SCALAR_SHAPE))
+    Y = op.DequantizeLinear(op.QuantizeLinear(X, s, op.Constant(value=FP8_ZERO), saturate=1), s)
+    return Y
+
+
+@script(quark_onnx)
 def MatMulFp8W8A8(A, B: FLOAT8E4M3FN[...], B_scale: FLOAT[...], A_scale: FLOAT[...]):
     """Y = (a_q * A_scale) @ (float32(B) * B_scale)^T with a_q = QuantizeLinear(float32(A), A_scale, e4m3fn,
     saturate=1). B_scale: a scalar or [N]; A_scale: a scalar."""
@@ -574,4 +583,4 @@ BODIES = {fn.name: fn for fn in (MatMulUint4, MatMulInt4, MatMulMxfp4, MatMulFp8
                                  MatMulNvfp4, Fp4TilesToRows, MatMulMxfp4R16, MatMulNvfp4R16, MatMulExpertsMxfp4R16, MatMulExpertsNvfp4R16, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
                                  MatMulExpertsInt8, MatMulExpertsUint4, MatMulExpertsInt4,
                                  GroupQueryAttentionFixedOrder, GroupQueryAttentionFixedOrderSinks, GqaFixedOrderScores,
-                                 Int8BlockActivations)}
+                                 Int8BlockActivations, QuantizeDequantizeFp8)}

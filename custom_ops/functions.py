@@ -103,6 +103,8 @@ FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
     "MatMulExpertsInt8": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsInt8", opset),
     "MatMulExpertsUint4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsUint4", opset),
     "MatMulExpertsInt4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsInt4", opset),
+    # the static per-tensor FP8 activation Q/DQ as one node (qo_cpu_fp8_qdq.c)
+    "QuantizeDequantizeFp8": lambda opset=DEFAULT_ONNX_OPSET: function_proto("QuantizeDequantizeFp8", opset),
     # attention with a fixed summation order (qo_cpu_attention.c)
     "GroupQueryAttentionFixedOrder": lambda opset=DEFAULT_ONNX_OPSET: function_proto("GroupQueryAttentionFixedOrder",
                                                                                      opset),
@@ -153,6 +155,7 @@ OP_INPUTS = {
     "MatMulExpertsInt4": ("A", "expert_ids", "B", "scales"),
     "MatMulUint4": ("A", "B", "scales", "zero_points"),
     "MatMulInt4": ("A", "B", "scales"),
+    "QuantizeDequantizeFp8": ("X", "scale"),
     "GroupQueryAttentionFixedOrder": ("query", "key", "value", "past_key", "past_value", "seqlens_k",
                                       "total_sequence_length", "cos_cache", "sin_cache"),
     "GroupQueryAttentionFixedOrderSinks": ("query", "key", "value", "past_key", "past_value", "seqlens_k",
@@ -179,6 +182,7 @@ OP_REQUIRED_ATTRIBUTES = {
     "MatMulExpertsInt4": (),
     "MatMulUint4": ("K", "N", "block_size"),
     "MatMulInt4": ("K", "N", "block_size"),
+    "QuantizeDequantizeFp8": (),
     "GroupQueryAttentionFixedOrder": ("num_heads", "kv_num_heads"),
     "GroupQueryAttentionFixedOrderSinks": ("num_heads", "kv_num_heads"),
 }

@@ -108,6 +108,12 @@ def int4_experts_nodes(ops: dict[str, int]) -> int:
     return sum(ops.get(op, 0) for op in INT4_EXPERTS_OPS)
 
 
+def fp8_quantize_count(ops: dict[str, int]) -> int:
+    """Static / dynamic activation quantizers of an op_types count: QuantizeLinear nodes, plus the com.quark_onnx
+    QuantizeDequantizeFp8 nodes that take a static FP8 pair's place on cpu with the library."""
+    return ops.get("QuantizeLinear", 0) + ops.get("QuantizeDequantizeFp8", 0)
+
+
 def op_types(model_dir: Path) -> dict[str, int]:
     model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
     counts: dict[str, int] = {}

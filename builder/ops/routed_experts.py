@@ -71,6 +71,7 @@ from ..quant import fp4_codes
 from ..quant.mx_gemm import emit_routed_weight_mx, routed_mx_applies
 from . import fnuz
 from .matmul_nbits import block_size_for
+from .qdq import fp8_qdq_op_applies
 from .mx_activation import (Fp4ActivationSpec, emit_fp4_activation_qdq, emit_mx_activation_fp4_qdq,
                             emit_nvfp4_activation_per_expert)
 
@@ -452,6 +453,12 @@ def _input_quant(ctx, q: InputQuant, x: str, idx: str, p: str) -> str:
         hi = g.scalar(f"{p}/fp8_max", FP8_MAX, ctx.io_np)
         lo = g.scalar(f"{p}/fp8_min", -FP8_MAX, ctx.io_np)
         u = fnuz.unit_qdq(ctx, fnuz.saturate(g, xs, lo, hi, f"{p}/Saturate"), f"{p}/input_quant")
+    elif fp8_qdq_op_applies(ctx):  # the pair below as one com.quark_onnx node (the same bits: ops/qdq.py)
+        from custom_ops.functions import DOMAIN, function_protos
+        for proto in function_protos("QuantizeDequantizeFp8", g.opsets[""]):
+            g.add_function(proto, opset_version=1)
+        u = g.op("QuantizeDequantizeFp8", [xs, g.scalar(f"{p}/unit_scale", 1.0, np.float32)],
+                 f"{p}/input_quant/QuantizeDequantizeFp8", domain=DOMAIN)
     else:  # QuantizeLinear saturates float8e4m3fn at +-448 (saturate=1), rounding to nearest even
         one = g.scalar(f"{p}/unit_scale", 1.0, ctx.io_np)
         zp = g.initializer(f"{p}/zero_point", np.zeros((), ml_dtypes.float8_e4m3fn))

@@ -184,7 +184,8 @@ class Fp8W8A8(Scheme):
                 "matmul_block_fp8": "MatMulBlockQuantizedFp8Weight (fp16/bf16 io; Q/DQ + MatMul for fp32 io)",
                 "custom_op": f"com.quark_onnx {fp8_custom_op.custom_op_for(mode, None)} (+ function fallback)",
                 "compact": "com.quark_onnx MatMulFp8 on the checkpoint's fp8 weight and scale (compact CPU default, "
-                           "+ function fallback; the activation Q/DQ in standard ops)"}[form]
+                           "+ function fallback; a static activation's Q/DQ as one QuantizeDequantizeFp8 node with the "
+                           "library's kernel, fp32 io)"}[form]
         return f"{what}, {act}"
 
     @classmethod

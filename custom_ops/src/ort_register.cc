@@ -863,6 +863,62 @@ std::vector<GqaOp>& GqaOps() {
   return ops;
 }
 
+// ---- QuantizeDequantizeFp8 (CPU, float32): X [any shape], scale float scalar -> Y [X's shape] =
+// DequantizeLinear(QuantizeLinear(X, scale, float8e4m3fn zero, saturate=1), scale), bit for bit
+// (qo_cpu_fp8_qdq.c): the static FP8 activation quantization of one node instead of two. ----
+constexpr const char* kQdqFp8Name = "QuantizeDequantizeFp8";
+
+struct QdqFp8Kernel {
+  int unused;
+};
+
+const char* ORT_API_CALL QdqFp8Name(const OrtCustomOp*) { return kQdqFp8Name; }
+size_t ORT_API_CALL QdqFp8InputCount(const OrtCustomOp*) { return 2; }
+ONNXTensorElementDataType ORT_API_CALL QdqFp8InputType(const OrtCustomOp*, size_t) {
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+
+OrtStatus* ORT_API_CALL QdqFp8Create(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo*, void** kernel) {
+  QdqFp8Kernel* k = new (std::nothrow) QdqFp8Kernel{0};
+  if (!k) return api->CreateStatus(ORT_FAIL, "com.quark_onnx: out of memory");
+  *kernel = k;
+  return nullptr;
+}
+
+void ORT_API_CALL QdqFp8Destroy(void* kernel) { delete static_cast<QdqFp8Kernel*>(kernel); }
+
+OrtStatus* ORT_API_CALL QdqFp8Compute(void*, OrtKernelContext* context) {
+  TensorView x, scale;
+  const void *x_data = nullptr, *scale_data = nullptr;
+  QO_RETURN_IF_ERROR(Input(context, 0, &x, &x_data));
+  QO_RETURN_IF_ERROR(Input(context, 1, &scale, &scale_data));
+  if (scale.elements() != 1) return Error(std::string(kQdqFp8Name) + ": scale must be a scalar");
+  OrtValue* y = nullptr;
+  QO_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, x.shape.data(), x.shape.size(), &y));
+  void* y_data = nullptr;
+  QO_RETURN_IF_ERROR(g_api->GetTensorMutableData(y, &y_data));
+  int status = QO_ERR_ARGUMENT;
+#if defined(QO_WITH_CPU)
+  ScopedOrtRunner runner(context);
+  status = qo_qdq_fp8_f32(static_cast<const float*>(x_data), *static_cast<const float*>(scale_data),
+                          static_cast<float*>(y_data), x.elements());
+#endif
+  if (status != QO_OK) return Error(std::string(kQdqFp8Name) + ": kernel failed with status " + std::to_string(status));
+  return nullptr;
+}
+
+std::vector<OrtCustomOp>& QdqFp8Ops() {
+  static std::vector<OrtCustomOp> ops = [] {
+    std::vector<OrtCustomOp> list;
+#if defined(QO_WITH_CPU)
+    list.push_back(MakeCpuOp({QdqFp8Name, QdqFp8InputType, QdqFp8InputCount, GetOutputTypeCount, QdqFp8Create,
+                              QdqFp8Compute, QdqFp8Destroy}));
+#endif
+    return list;
+  }();
+  return ops;
+}
+
 }  // namespace
 
 extern "C" QO_API OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
@@ -880,6 +936,7 @@ extern "C" QO_API OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* o
     for (QoCustomOp& op : AllOps()) QO_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &op));
     for (QoExpertsOp& op : ExpertOps()) QO_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &op));
     for (GqaOp& op : GqaOps()) QO_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &op));
+    for (OrtCustomOp& op : QdqFp8Ops()) QO_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &op));
   }
   return g_api->AddCustomOpDomain(options, domain);
 }

@@ -109,6 +109,11 @@ QO_API int qo_matmul_mxfp4_r16_f32(const float* A, const uint8_t* B, const uint8
 QO_API int qo_matmul_nvfp4_r16_f32(const float* A, const uint8_t* B, const uint8_t* B_scale, float B_scale_2,
                                    float* Y, int64_t M, int64_t N, int64_t K);
 QO_API int qo_matmul_bf16_f32(const float* A, const uint16_t* B, float* Y, int64_t M, int64_t N, int64_t K);
+
+/* ---- QuantizeDequantizeFp8 (qo_cpu_fp8_qdq.c): Y = DequantizeLinear(QuantizeLinear(X, scale, float8e4m3fn,
+ * saturate = 1), scale), the static per-tensor FP8 activation fake quantization, n elements; the same bits as ONNX
+ * Runtime's pair. ---- */
+QO_API int qo_qdq_fp8_f32(const float* X, float scale, float* Y, int64_t n);
 QO_API int qo_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_t M, int64_t N, int64_t K);
 
 /* Routed experts (MatMulExperts* ops, qo_cpu_experts.c): Y [T, k, N] float32, Y[t][s] = A_row(t, s) @ W_e^T with
