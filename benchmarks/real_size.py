@@ -453,7 +453,7 @@ def session_weight_bytes(model_dir: Path, top_k: int | None = None) -> dict:
             streamed += sum(sizes[w][1] * k / sizes[w][0][0] for w in weights)
         elif node.domain == "com.quark_onnx" and node.op_type.startswith("GroupQueryAttentionFixedOrder"):
             continue  # its initializers: the rotary tables (a row per position read) and sinks, as GroupQueryAttention
-        elif node.domain == "com.quark_onnx" and node.op_type == "QuantizeDequantizeFp8":
+        elif node.domain == "com.quark_onnx" and node.op_type.startswith("QuantizeDequantize"):
             continue  # an activation's Q/DQ: its scale is not a weight (QuantizeLinear's is not counted either)
         elif node.domain == "com.quark_onnx":
             weights = [i for i in node.input[1:] if i in sizes]

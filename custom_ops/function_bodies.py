@@ -159,6 +159,51 @@ def MatMulNvfp4R16(A, B: UINT8[...], B_scale: FLOAT8E4M3FN[...], B_scale_2: FLOA
     return Y
 
 
+# QuantizeDequantizeMxfp4: the constants of builder/ops/mx_activation.py's subgraph (its _CONST_VALUES, "pow2")
+MXA_POW2 = _tensor("mxa_pow2", np.ldexp(np.float32(1), np.arange(255) - 127).astype(np.float32))
+MXA_BLOCKS = _ints("mxa_blocks", [-1, MXFP4_BLOCK_SIZE])
+
+
+def _f(name: str, value: float) -> TensorProto:
+    return _tensor(name, np.array(value, dtype=np.float32))
+
+
+MXA_MIN_NORMAL, MXA_INV_LN2 = _f("mxa_min_normal", 2.0 ** -126), _f("mxa_inv_ln2", 1.0 / np.log(2.0))
+MXA_EXP_LO, MXA_EXP_HI, MXA_BIAS = _f("mxa_exp_lo", -126.0), _f("mxa_exp_hi", 127.0), _f("mxa_bias", 127.0)
+MXA_HALF, MXA_TWO, MXA_QUARTER, MXA_ONE_75 = _f("mxa_half", 0.5), _f("mxa_two", 2.0), _f("mxa_quarter", 0.25), \
+    _f("mxa_one_75", 1.75)
+MXA_MIN_SCALE, MXA_ONE, MXA_FOUR = _f("mxa_min_scale", 2.0 ** -127), _f("mxa_one", 1.0), _f("mxa_four", 4.0)
+MXA_E2M1_MAX, MXA_E2M1_MIN = _f("mxa_e2m1_max", 6.0), _f("mxa_e2m1_min", -6.0)
+
+
+@script(quark_onnx)
+def QuantizeDequantizeMxfp4(X: FLOAT[...]):
+    """Quark's dynamic MXFP4 activation fake quantization ("even" block scales, blocks of 32 along the last axis):
+    builder/ops/mx_activation.py's standard-op subgraph, op for op."""
+    blocks = op.Reshape(X, op.Constant(value=MXA_BLOCKS))
+    amax = op.ReduceMax(op.Abs(blocks), op.Constant(value=LAST_AXIS), keepdims=1)
+    a = op.Max(amax, op.Constant(value=MXA_MIN_NORMAL))
+    log2 = op.Mul(op.Log(a), op.Constant(value=MXA_INV_LN2))
+    e_est = op.Clip(op.Floor(log2), op.Constant(value=MXA_EXP_LO), op.Constant(value=MXA_EXP_HI))
+    idx = op.Cast(op.Add(e_est, op.Constant(value=MXA_BIAS)), to=TensorProto.INT64)
+    pw = op.Gather(op.Constant(value=MXA_POW2), idx)
+    half = op.Constant(value=MXA_HALF)
+    pw = op.Where(op.Less(a, pw), op.Mul(pw, half), pw)
+    pw_hi = op.Mul(pw, op.Constant(value=MXA_TWO))
+    pw = op.Where(op.GreaterOrEqual(a, pw_hi), pw_hi, pw)
+    base = op.Mul(pw, op.Constant(value=MXA_QUARTER))
+    up = op.GreaterOrEqual(a, op.Mul(pw, op.Constant(value=MXA_ONE_75)))
+    scale = op.Max(op.Where(up, op.Mul(pw, half), base), op.Constant(value=MXA_MIN_SCALE))
+    scaled = op.Div(blocks, scale)
+    mag = op.Abs(scaled)
+    step = op.Where(op.Less(mag, op.Constant(value=MXA_FOUR)), op.Constant(value=MXA_ONE), op.Constant(value=MXA_TWO))
+    step = op.Where(op.Less(mag, op.Constant(value=MXA_TWO)), half, step)
+    q = op.Mul(op.Round(op.Div(scaled, step)), step)
+    q = op.Clip(q, op.Constant(value=MXA_E2M1_MIN), op.Constant(value=MXA_E2M1_MAX))
+    Y = op.Reshape(op.Mul(q, scale), op.Shape(X))
+    return Y
+
+
 @script(quark_onnx)
 def QuantizeDequantizeFp8(X: FLOAT[...], scale: FLOAT[...]):
     """Y = DequantizeLinear(QuantizeLinear(X, scale, e4m3fn zero, saturate=1), scale): a static per-tensor FP8
@@ -583,4 +628,4 @@ BODIES = {fn.name: fn for fn in (MatMulUint4, MatMulInt4, MatMulMxfp4, MatMulFp8
                                  MatMulNvfp4, Fp4TilesToRows, MatMulMxfp4R16, MatMulNvfp4R16, MatMulExpertsMxfp4R16, MatMulExpertsNvfp4R16, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
                                  MatMulExpertsInt8, MatMulExpertsUint4, MatMulExpertsInt4,
                                  GroupQueryAttentionFixedOrder, GroupQueryAttentionFixedOrderSinks, GqaFixedOrderScores,
-                                 Int8BlockActivations, QuantizeDequantizeFp8)}
+                                 Int8BlockActivations, QuantizeDequantizeFp8, QuantizeDequantizeMxfp4)}

@@ -105,6 +105,8 @@ FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
     "MatMulExpertsInt4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsInt4", opset),
     # the static per-tensor FP8 activation Q/DQ as one node (qo_cpu_fp8_qdq.c)
     "QuantizeDequantizeFp8": lambda opset=DEFAULT_ONNX_OPSET: function_proto("QuantizeDequantizeFp8", opset),
+    # Quark's dynamic MXFP4 activation fake quantization ("even" scales) as one node (qo_cpu_mxfp4_act.c)
+    "QuantizeDequantizeMxfp4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("QuantizeDequantizeMxfp4", opset),
     # attention with a fixed summation order (qo_cpu_attention.c)
     "GroupQueryAttentionFixedOrder": lambda opset=DEFAULT_ONNX_OPSET: function_proto("GroupQueryAttentionFixedOrder",
                                                                                      opset),
@@ -156,6 +158,7 @@ OP_INPUTS = {
     "MatMulUint4": ("A", "B", "scales", "zero_points"),
     "MatMulInt4": ("A", "B", "scales"),
     "QuantizeDequantizeFp8": ("X", "scale"),
+    "QuantizeDequantizeMxfp4": ("X",),
     "GroupQueryAttentionFixedOrder": ("query", "key", "value", "past_key", "past_value", "seqlens_k",
                                       "total_sequence_length", "cos_cache", "sin_cache"),
     "GroupQueryAttentionFixedOrderSinks": ("query", "key", "value", "past_key", "past_value", "seqlens_k",
@@ -183,6 +186,7 @@ OP_REQUIRED_ATTRIBUTES = {
     "MatMulUint4": ("K", "N", "block_size"),
     "MatMulInt4": ("K", "N", "block_size"),
     "QuantizeDequantizeFp8": (),
+    "QuantizeDequantizeMxfp4": (),
     "GroupQueryAttentionFixedOrder": ("num_heads", "kv_num_heads"),
     "GroupQueryAttentionFixedOrderSinks": ("num_heads", "kv_num_heads"),
 }

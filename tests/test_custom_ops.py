@@ -291,6 +291,7 @@ def test_make_node_validates():
                                         "MatMulExpertsMxfp4", "MatMulExpertsNvfp4",
                                         "MatMulExpertsFp8", "MatMulExpertsInt8", "MatMulUint4", "MatMulInt4",
                                         "MatMulExpertsUint4", "MatMulExpertsInt4", "GroupQueryAttentionFixedOrder",
-                                        "GroupQueryAttentionFixedOrderSinks", "QuantizeDequantizeFp8"}
+                                        "GroupQueryAttentionFixedOrderSinks", "QuantizeDequantizeFp8",
+                                        "QuantizeDequantizeMxfp4"}
     with pytest.raises(ValueError, match="opset >= 19"):
         functions.matmul_fp8_w8a8_function(onnx_opset=17)

@@ -85,6 +85,20 @@ def _consts(g) -> _Consts:
     return _CACHE.setdefault(g, {"consts": _Consts(g), "qdq": {}})["consts"]
 
 
+def mx_act_op_applies(ctx, spec: Fp4ActivationSpec) -> bool:
+    """MXFP4 with "even" block scales of 32 (Quark's mxfp4 templates), float32 io, cpu and a custom-op library with
+    the QuantizeDequantizeMxfp4 kernel (custom_ops/src/qo_cpu_mxfp4_act.c: this module's subgraph bit for bit on
+    finite blocks, in one pass instead of about 30). The callers' inputs have a last axis of a multiple of 32 (the
+    MXFP4 linears' in_features, checked at plan time)."""
+    lib = getattr(getattr(ctx, "options", None), "custom_ops_library", None)
+    ep = getattr(ctx, "ep", None)
+    if (spec.kind != "mxfp4" or spec.group_size != 32 or spec.scale_mode != "even" or ctx.io != "fp32" or not lib
+            or ep is None or ep.name != "cpu"):
+        return False
+    from ..custom_ops_library import OP_SYMBOLS, exported_kernels
+    return OP_SYMBOLS["QuantizeDequantizeMxfp4"] in exported_kernels(str(lib))
+
+
 def emit_fp4_activation_qdq(ctx, x: str, spec: Fp4ActivationSpec, prefix: str) -> str:
     """x [..., K] in the io dtype -> Quark's fake-quantized x, same shape and dtype (cached per input)."""
     g = ctx.graph
@@ -94,6 +108,13 @@ def emit_fp4_activation_qdq(ctx, x: str, spec: Fp4ActivationSpec, prefix: str) -
     if key in cache:
         return cache[key]
     p = f"{prefix}/{'MxFp4' if spec.kind == 'mxfp4' else 'NvFp4'}Act"
+    if mx_act_op_applies(ctx, spec):  # the subgraph below as one com.quark_onnx node, the same bits
+        from custom_ops.functions import DOMAIN, function_protos
+        for proto in function_protos("QuantizeDequantizeMxfp4", g.opsets[""]):
+            g.add_function(proto, opset_version=1)
+        y = g.op("QuantizeDequantizeMxfp4", [x], f"{p}/QuantizeDequantizeMxfp4", domain=DOMAIN)
+        cache[key] = y
+        return y
     x32 = x if ctx.io == "fp32" else g.op("Cast", [x], f"{p}/CastF32", to=TensorProto.FLOAT)
     shape = g.op("Shape", [x], f"{p}/Shape")
     blocks = g.op("Reshape", [x32, g.const_i64(f"{p}.block_shape", [-1, spec.group_size])], f"{p}/ToBlocks")

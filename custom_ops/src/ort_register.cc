@@ -907,12 +907,42 @@ OrtStatus* ORT_API_CALL QdqFp8Compute(void*, OrtKernelContext* context) {
   return nullptr;
 }
 
-std::vector<OrtCustomOp>& QdqFp8Ops() {
+// ---- QuantizeDequantizeMxfp4 (CPU, float32): X [..., K], K % 32 == 0 -> Y [X's shape], Quark's dynamic MXFP4
+// activation fake quantization with "even" block scales (qo_cpu_mxfp4_act.c). ----
+constexpr const char* kQdqMxfp4Name = "QuantizeDequantizeMxfp4";
+
+const char* ORT_API_CALL QdqMxfp4Name(const OrtCustomOp*) { return kQdqMxfp4Name; }
+size_t ORT_API_CALL QdqMxfp4InputCount(const OrtCustomOp*) { return 1; }
+
+OrtStatus* ORT_API_CALL QdqMxfp4Compute(void*, OrtKernelContext* context) {
+  TensorView x;
+  const void* x_data = nullptr;
+  QO_RETURN_IF_ERROR(Input(context, 0, &x, &x_data));
+  if (x.shape.empty() || x.shape.back() % 32 != 0)
+    return Error(std::string(kQdqMxfp4Name) + ": X's last dimension must be a multiple of 32");
+  OrtValue* y = nullptr;
+  QO_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, x.shape.data(), x.shape.size(), &y));
+  void* y_data = nullptr;
+  QO_RETURN_IF_ERROR(g_api->GetTensorMutableData(y, &y_data));
+  int status = QO_ERR_ARGUMENT;
+#if defined(QO_WITH_CPU)
+  ScopedOrtRunner runner(context);
+  status = qo_qdq_mxfp4_act_f32(static_cast<const float*>(x_data), static_cast<float*>(y_data), x.elements(),
+                                QO_MX_SCALE_EVEN);
+#endif
+  if (status != QO_OK)
+    return Error(std::string(kQdqMxfp4Name) + ": kernel failed with status " + std::to_string(status));
+  return nullptr;
+}
+
+std::vector<OrtCustomOp>& QdqFp8Ops() {  // and QuantizeDequantizeMxfp4
   static std::vector<OrtCustomOp> ops = [] {
     std::vector<OrtCustomOp> list;
 #if defined(QO_WITH_CPU)
     list.push_back(MakeCpuOp({QdqFp8Name, QdqFp8InputType, QdqFp8InputCount, GetOutputTypeCount, QdqFp8Create,
                               QdqFp8Compute, QdqFp8Destroy}));
+    list.push_back(MakeCpuOp({QdqMxfp4Name, QdqFp8InputType, QdqMxfp4InputCount, GetOutputTypeCount, QdqFp8Create,
+                              QdqMxfp4Compute, QdqFp8Destroy}));
 #endif
     return list;
   }();

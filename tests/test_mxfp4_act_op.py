@@ -1,0 +1,113 @@
+"""com.quark_onnx QuantizeDequantizeMxfp4 (custom_ops/src/qo_cpu_mxfp4_act.c): Quark's dynamic MXFP4 activation
+fake quantization ("even" block scales) as one node, bit for bit against
+  - the PyTorch emulation of Quark 0.13's code paths (tests/test_mxfp4_activation.py, independent of builder/ and
+    custom_ops/), on every SIMD path of the C kernel;
+  - the standard-op subgraph it replaces (builder/ops/mx_activation.py), in ORT with 1 and 2 threads, and its own
+    ONNX-function fallback;
+  - a converted MXFP4 model (-e cpu): every activation emulation is the op, and its logits equal those of the same
+    graph with the op's function inlined.
+A block with an infinity comes out NaN in both forms."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.inliner
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from builder.ops.mx_activation import Fp4ActivationSpec
+from onnx_helpers import build, op_types, shipped_library
+from ort_library_fixture import ort_ops_library  # noqa: F401  (fixture)
+from test_mxfp4_activation import awkward_inputs, run_activation_graph, torch_mxfp4_qdq
+
+
+def _inputs() -> np.ndarray:
+    """awkward_inputs (ties, zero / subnormal blocks, maxima around 1.75 * 2^E) plus blocks at the float32 range's
+    ends and random blocks over 60 decades, [rows, 128]."""
+    rng = np.random.default_rng(3)
+    x = awkward_inputs(32).reshape(-1, 128)
+    wide = (rng.standard_normal((400, 128)) * 10.0 ** rng.uniform(-30, 30, (400, 1))).astype(np.float32)
+    ends = np.stack([np.full(128, 3.0e38, np.float32), np.full(128, -1.0e-45, np.float32),
+                     np.linspace(-3.4e38, 3.4e38, 128, dtype=np.float32), np.full(128, -0.0, np.float32)])
+    return np.concatenate([x, wide, ends]).astype(np.float32)
+
+
+def _same_bits(a, b) -> bool:
+    return bool(np.array_equal(np.asarray(a, np.float32).view(np.uint32), np.asarray(b, np.float32).view(np.uint32)))
+
+
+@pytest.mark.parametrize("path", ["portable", "avx2", "avx512"])
+def test_kernel_is_quarks_emulation(monkeypatch, path):
+    from custom_ops import native
+    lib = native.load_library()
+    monkeypatch.setenv("QO_CPU_KERNELS", path)
+    x = _inputs()
+    got = np.empty_like(x)
+    assert lib.qo_qdq_mxfp4_act_f32(x.ctypes.data, got.ctypes.data, x.size, 0) == 0
+    want = torch_mxfp4_qdq(torch.from_numpy(x)).numpy()
+    # equal values; the zeros' signs aside: the emulation's torch.sign drops a -0 that the subgraph (and the kernel,
+    # bit for bit with it: the test below) keeps
+    assert np.array_equal(got, want), np.argwhere(got != want)[:5]
+    assert np.signbit(got[x == 0]).tolist() == np.signbit(x[x == 0]).tolist()
+    assert lib.qo_qdq_mxfp4_act_f32(x.ctypes.data, got.ctypes.data, 31, 0) != 0  # not whole blocks
+
+
+def _op_model(shape, with_function: bool) -> onnx.ModelProto:
+    from custom_ops.functions import DOMAIN, function_protos
+    g = helper.make_graph([helper.make_node("QuantizeDequantizeMxfp4", ["x"], ["y"], domain=DOMAIN)], "op",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)])
+    if with_function:
+        model.functions.extend(function_protos("QuantizeDequantizeMxfp4", 21))
+    return model
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ort_op_and_fallback_are_the_subgraph(tmp_path, ort_ops_library, threads):
+    x = np.concatenate([_inputs()] * 6)  # several pool tasks
+    x[-1, 5] = np.inf                    # one block with an infinity
+    want = run_activation_graph(tmp_path, x, Fp4ActivationSpec("mxfp4", 32))
+    finite = np.isfinite(x.reshape(-1, 32)).all(axis=1)
+    for library in (ort_ops_library, None):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.log_severity_level = 3
+        if library:
+            so.register_custom_ops_library(library)
+        sess = ort.InferenceSession(_op_model(list(x.shape), library is None).SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"])
+        got = sess.run(None, {"x": x})[0]
+        g, w = got.reshape(-1, 32), want.reshape(-1, 32)
+        assert _same_bits(g[finite], w[finite]), library
+        assert np.isnan(g[~finite]).all() and np.isnan(w[~finite]).all(), library
+
+
+def test_mxfp4_model_runs_the_op_with_the_subgraphs_bits(quark_exports, tmp_path):
+    export = quark_exports("llama_h64", "mxfp4")
+    out = build(export, tmp_path / "onnx", "cpu", "fp32")
+    library = shipped_library(out)
+    if library is None:
+        pytest.skip("no custom-op library: the conversion wrote the standard-op subgraphs")
+    ops = op_types(out)
+    assert ops.get("QuantizeDequantizeMxfp4", 0) >= 4 * 2 and "ReduceMax" not in ops, ops
+    from custom_ops.functions import DOMAIN
+    model = onnx.load(str(out / "model.onnx"))
+    inlined = onnx.inliner.inline_selected_functions(model, [(DOMAIN, "QuantizeDequantizeMxfp4")])
+    assert "QuantizeDequantizeMxfp4" not in {n.op_type for n in inlined.graph.node}
+    onnx.save(inlined, str(out / "inlined.onnx"))
+    ids = np.load(export / "reference.npz")["input_ids"]
+
+    def logits(path):
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.register_custom_ops_library(library)
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        for inp in sess.get_inputs():
+            if inp.name.startswith("past_key_values"):
+                feeds[inp.name] = np.zeros((ids.shape[0], inp.shape[1], 0, inp.shape[3]), np.float32)
+        return sess.run(["logits"], feeds)[0]
+    assert _same_bits(logits(out / "model.onnx"), logits(out / "inlined.onnx"))
