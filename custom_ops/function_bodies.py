@@ -204,6 +204,34 @@ def QuantizeDequantizeMxfp4(X: FLOAT[...]):
     return Y
 
 
+NVA_BLOCKS = _ints("nva_blocks", [-1, NVFP4_BLOCK_SIZE])
+NVA_SIX, NVA_ZERO, NVA_EPS = _f("nva_six", 6.0), _f("nva_zero", 0.0), _f("nva_eps", float(np.finfo(np.float32).eps))
+
+
+@script(quark_onnx)
+def QuantizeDequantizeNvfp4(X: FLOAT[...], input_scale_2: FLOAT[...]):
+    """Quark's dynamic NVFP4 activation fake quantization (blocks of 16 along the last axis; the block scales
+    amax / 6 fake-quantized to e4m3 with the static input_scale_2, a scalar): builder/ops/mx_activation.py's
+    standard-op subgraph, op for op."""
+    blocks = op.Reshape(X, op.Constant(value=NVA_BLOCKS))
+    amax = op.ReduceMax(op.Abs(blocks), op.Constant(value=LAST_AXIS), keepdims=1)
+    zero, eps = op.Constant(value=NVA_ZERO), op.Constant(value=NVA_EPS)
+    s = op.Div(amax, op.Constant(value=NVA_SIX))
+    s = op.Where(op.Equal(s, zero), eps, s)
+    s2 = op.Reshape(input_scale_2, op.Constant(value=SCALAR_SHAPE))
+    sq = op.DequantizeLinear(op.QuantizeLinear(s, s2, op.Constant(value=FP8_ZERO), saturate=1), s2)
+    den = op.Where(op.Equal(sq, zero), eps, sq)
+    scaled = op.Div(blocks, den)
+    mag = op.Abs(scaled)
+    two = op.Constant(value=MXA_TWO)
+    step = op.Where(op.Less(mag, op.Constant(value=MXA_FOUR)), op.Constant(value=MXA_ONE), two)
+    step = op.Where(op.Less(mag, two), op.Constant(value=MXA_HALF), step)
+    q = op.Mul(op.Round(op.Div(scaled, step)), step)
+    q = op.Clip(q, op.Constant(value=MXA_E2M1_MIN), op.Constant(value=MXA_E2M1_MAX))
+    Y = op.Reshape(op.Mul(q, sq), op.Shape(X))
+    return Y
+
+
 @script(quark_onnx)
 def QuantizeDequantizeFp8(X: FLOAT[...], scale: FLOAT[...]):
     """Y = DequantizeLinear(QuantizeLinear(X, scale, e4m3fn zero, saturate=1), scale): a static per-tensor FP8
@@ -628,4 +656,5 @@ BODIES = {fn.name: fn for fn in (MatMulUint4, MatMulInt4, MatMulMxfp4, MatMulFp8
                                  MatMulNvfp4, Fp4TilesToRows, MatMulMxfp4R16, MatMulNvfp4R16, MatMulExpertsMxfp4R16, MatMulExpertsNvfp4R16, MatMulExpertsMxfp4, MatMulExpertsNvfp4, MatMulExpertsFp8,
                                  MatMulExpertsInt8, MatMulExpertsUint4, MatMulExpertsInt4,
                                  GroupQueryAttentionFixedOrder, GroupQueryAttentionFixedOrderSinks, GqaFixedOrderScores,
-                                 Int8BlockActivations, QuantizeDequantizeFp8, QuantizeDequantizeMxfp4)}
+                                 Int8BlockActivations, QuantizeDequantizeFp8, QuantizeDequantizeMxfp4,
+                                 QuantizeDequantizeNvfp4)}

@@ -105,8 +105,9 @@ FUNCTIONS: dict[str, Callable[..., onnx.FunctionProto]] = {
     "MatMulExpertsInt4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("MatMulExpertsInt4", opset),
     # the static per-tensor FP8 activation Q/DQ as one node (qo_cpu_fp8_qdq.c)
     "QuantizeDequantizeFp8": lambda opset=DEFAULT_ONNX_OPSET: function_proto("QuantizeDequantizeFp8", opset),
-    # Quark's dynamic MXFP4 activation fake quantization ("even" scales) as one node (qo_cpu_mxfp4_act.c)
+    # Quark's dynamic MXFP4 activation fake quantization ("even" scales) as one node (qo_cpu_fp4_act.c)
     "QuantizeDequantizeMxfp4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("QuantizeDequantizeMxfp4", opset),
+    "QuantizeDequantizeNvfp4": lambda opset=DEFAULT_ONNX_OPSET: function_proto("QuantizeDequantizeNvfp4", opset),
     # attention with a fixed summation order (qo_cpu_attention.c)
     "GroupQueryAttentionFixedOrder": lambda opset=DEFAULT_ONNX_OPSET: function_proto("GroupQueryAttentionFixedOrder",
                                                                                      opset),
@@ -159,6 +160,7 @@ OP_INPUTS = {
     "MatMulInt4": ("A", "B", "scales"),
     "QuantizeDequantizeFp8": ("X", "scale"),
     "QuantizeDequantizeMxfp4": ("X",),
+    "QuantizeDequantizeNvfp4": ("X", "input_scale_2"),
     "GroupQueryAttentionFixedOrder": ("query", "key", "value", "past_key", "past_value", "seqlens_k",
                                       "total_sequence_length", "cos_cache", "sin_cache"),
     "GroupQueryAttentionFixedOrderSinks": ("query", "key", "value", "past_key", "past_value", "seqlens_k",
@@ -187,6 +189,7 @@ OP_REQUIRED_ATTRIBUTES = {
     "MatMulInt4": ("K", "N", "block_size"),
     "QuantizeDequantizeFp8": (),
     "QuantizeDequantizeMxfp4": (),
+    "QuantizeDequantizeNvfp4": (),
     "GroupQueryAttentionFixedOrder": ("num_heads", "kv_num_heads"),
     "GroupQueryAttentionFixedOrderSinks": ("num_heads", "kv_num_heads"),
 }

@@ -38,7 +38,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_DIR = PACKAGE_DIR / "src"
 BUILD_DIR = PACKAGE_DIR / "build" / "cpu"
 LIBRARY_NAME = "quark_onnx_ops"
-CPU_SOURCES = ("qo_cpu_kernels.c", "qo_cpu_experts.c", "qo_cpu_int4.c", "qo_cpu_int4_panel.c", "qo_cpu_int4_a8.c", "qo_cpu_int8_w8a8.c", "qo_cpu_attention.c", "qo_cpu_fp4_r16.c", "qo_cpu_fp8_qdq.c", "qo_cpu_mxfp4_act.c", "qo_version.c")
+CPU_SOURCES = ("qo_cpu_kernels.c", "qo_cpu_experts.c", "qo_cpu_int4.c", "qo_cpu_int4_panel.c", "qo_cpu_int4_a8.c", "qo_cpu_int8_w8a8.c", "qo_cpu_attention.c", "qo_cpu_fp4_r16.c", "qo_cpu_fp8_qdq.c", "qo_cpu_fp4_act.c", "qo_version.c")
 HEADERS = ("qo_fp_formats.h", "qo_kernels.h", "qo_cpu_simd.h", "qo_cpu_int4_panel.h")
 ABI_VERSION = 1
 MXFP4_BLOCK_SIZE = 32
@@ -144,6 +144,7 @@ def _declare(lib: ctypes.CDLL) -> None:
                                    f32, i64, p],
         "qo_qdq_fp8_f32": [p, f32, p, i64],
         "qo_qdq_mxfp4_act_f32": [p, p, i64, ctypes.c_int],
+        "qo_qdq_nvfp4_act_f32": [p, f32, p, i64],
     }
     for name, argtypes in {**signatures, **{n: t for n, t in optional.items() if hasattr(lib, n)}}.items():
         fn = getattr(lib, name)

@@ -29,7 +29,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE_DIR = PACKAGE_DIR / "src"
 BUILD_DIR = PACKAGE_DIR / "build" / "ort"
 LIBRARY_FILE = "libquark_onnx_ops.so"
-SOURCES = ("qo_cpu_kernels.c", "qo_cpu_experts.c", "qo_cpu_int4.c", "qo_cpu_int4_panel.c", "qo_cpu_int4_a8.c", "qo_cpu_int8_w8a8.c", "qo_cpu_attention.c", "qo_cpu_fp4_r16.c", "qo_cpu_fp8_qdq.c", "qo_cpu_mxfp4_act.c", "qo_version.c", "ort_register.cc")
+SOURCES = ("qo_cpu_kernels.c", "qo_cpu_experts.c", "qo_cpu_int4.c", "qo_cpu_int4_panel.c", "qo_cpu_int4_a8.c", "qo_cpu_int8_w8a8.c", "qo_cpu_attention.c", "qo_cpu_fp4_r16.c", "qo_cpu_fp8_qdq.c", "qo_cpu_fp4_act.c", "qo_version.c", "ort_register.cc")
 HEADERS = ("qo_fp_formats.h", "qo_kernels.h", "qo_cpu_simd.h", "qo_cpu_int4_panel.h")
 
 

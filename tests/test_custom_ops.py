@@ -292,6 +292,6 @@ def test_make_node_validates():
                                         "MatMulExpertsFp8", "MatMulExpertsInt8", "MatMulUint4", "MatMulInt4",
                                         "MatMulExpertsUint4", "MatMulExpertsInt4", "GroupQueryAttentionFixedOrder",
                                         "GroupQueryAttentionFixedOrderSinks", "QuantizeDequantizeFp8",
-                                        "QuantizeDequantizeMxfp4"}
+                                        "QuantizeDequantizeMxfp4", "QuantizeDequantizeNvfp4"}
     with pytest.raises(ValueError, match="opset >= 19"):
         functions.matmul_fp8_w8a8_function(onnx_opset=17)

@@ -85,18 +85,24 @@ def _consts(g) -> _Consts:
     return _CACHE.setdefault(g, {"consts": _Consts(g), "qdq": {}})["consts"]
 
 
-def mx_act_op_applies(ctx, spec: Fp4ActivationSpec) -> bool:
-    """MXFP4 with "even" block scales of 32 (Quark's mxfp4 templates), float32 io, cpu and a custom-op library with
-    the QuantizeDequantizeMxfp4 kernel (custom_ops/src/qo_cpu_mxfp4_act.c: this module's subgraph bit for bit on
-    finite blocks, in one pass instead of about 30). The callers' inputs have a last axis of a multiple of 32 (the
-    MXFP4 linears' in_features, checked at plan time)."""
+def fp4_act_op_applies(ctx, spec: Fp4ActivationSpec) -> bool:
+    """MXFP4 with "even" block scales of 32 (Quark's mxfp4 templates), or NVFP4 blocks of 16 with a static
+    input_scale_2; float32 io, cpu and a custom-op library with the QuantizeDequantizeMxfp4 / Nvfp4 kernel
+    (custom_ops/src/qo_cpu_fp4_act.c: this module's subgraph bit for bit on blocks without a NaN, in one pass instead
+    of about 30). The callers' inputs have a last axis of a multiple of the block (the FP4 linears' in_features,
+    checked at plan time)."""
     lib = getattr(getattr(ctx, "options", None), "custom_ops_library", None)
     ep = getattr(ctx, "ep", None)
-    if (spec.kind != "mxfp4" or spec.group_size != 32 or spec.scale_mode != "even" or ctx.io != "fp32" or not lib
-            or ep is None or ep.name != "cpu"):
+    if ctx.io != "fp32" or not lib or ep is None or ep.name != "cpu":
+        return False
+    if spec.kind == "mxfp4" and spec.group_size == 32 and spec.scale_mode == "even":
+        op = "QuantizeDequantizeMxfp4"
+    elif spec.kind == "nvfp4" and spec.group_size == NVFP4_GROUP_SIZE and spec.input_scale_2 is not None:
+        op = "QuantizeDequantizeNvfp4"
+    else:
         return False
     from ..custom_ops_library import OP_SYMBOLS, exported_kernels
-    return OP_SYMBOLS["QuantizeDequantizeMxfp4"] in exported_kernels(str(lib))
+    return OP_SYMBOLS[op] in exported_kernels(str(lib))
 
 
 def emit_fp4_activation_qdq(ctx, x: str, spec: Fp4ActivationSpec, prefix: str) -> str:
@@ -108,11 +114,14 @@ def emit_fp4_activation_qdq(ctx, x: str, spec: Fp4ActivationSpec, prefix: str) -
     if key in cache:
         return cache[key]
     p = f"{prefix}/{'MxFp4' if spec.kind == 'mxfp4' else 'NvFp4'}Act"
-    if mx_act_op_applies(ctx, spec):  # the subgraph below as one com.quark_onnx node, the same bits
+    if fp4_act_op_applies(ctx, spec):  # the subgraph below as one com.quark_onnx node, the same bits
         from custom_ops.functions import DOMAIN, function_protos
-        for proto in function_protos("QuantizeDequantizeMxfp4", g.opsets[""]):
+        op = "QuantizeDequantizeMxfp4" if spec.kind == "mxfp4" else "QuantizeDequantizeNvfp4"
+        for proto in function_protos(op, g.opsets[""]):
             g.add_function(proto, opset_version=1)
-        y = g.op("QuantizeDequantizeMxfp4", [x], f"{p}/QuantizeDequantizeMxfp4", domain=DOMAIN)
+        inputs = [x] if spec.kind == "mxfp4" else \
+            [x, g.initializer(f"{p}.input_scale_2", np.array(spec.input_scale_2, dtype=np.float32))]
+        y = g.op(op, inputs, f"{p}/{op}", domain=DOMAIN)
         cache[key] = y
         return y
     x32 = x if ctx.io == "fp32" else g.op("Cast", [x], f"{p}/CastF32", to=TensorProto.FLOAT)

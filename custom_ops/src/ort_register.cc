@@ -908,7 +908,7 @@ OrtStatus* ORT_API_CALL QdqFp8Compute(void*, OrtKernelContext* context) {
 }
 
 // ---- QuantizeDequantizeMxfp4 (CPU, float32): X [..., K], K % 32 == 0 -> Y [X's shape], Quark's dynamic MXFP4
-// activation fake quantization with "even" block scales (qo_cpu_mxfp4_act.c). ----
+// activation fake quantization with "even" block scales (qo_cpu_fp4_act.c). ----
 constexpr const char* kQdqMxfp4Name = "QuantizeDequantizeMxfp4";
 
 const char* ORT_API_CALL QdqMxfp4Name(const OrtCustomOp*) { return kQdqMxfp4Name; }
@@ -935,7 +935,36 @@ OrtStatus* ORT_API_CALL QdqMxfp4Compute(void*, OrtKernelContext* context) {
   return nullptr;
 }
 
-std::vector<OrtCustomOp>& QdqFp8Ops() {  // and QuantizeDequantizeMxfp4
+// ---- QuantizeDequantizeNvfp4 (CPU, float32): X [..., K], K % 16 == 0, input_scale_2 float scalar -> Y [X's shape],
+// Quark's dynamic NVFP4 activation fake quantization with the static second-level scale (qo_cpu_fp4_act.c). ----
+constexpr const char* kQdqNvfp4Name = "QuantizeDequantizeNvfp4";
+
+const char* ORT_API_CALL QdqNvfp4Name(const OrtCustomOp*) { return kQdqNvfp4Name; }
+
+OrtStatus* ORT_API_CALL QdqNvfp4Compute(void*, OrtKernelContext* context) {
+  TensorView x, s2;
+  const void *x_data = nullptr, *s2_data = nullptr;
+  QO_RETURN_IF_ERROR(Input(context, 0, &x, &x_data));
+  QO_RETURN_IF_ERROR(Input(context, 1, &s2, &s2_data));
+  if (x.shape.empty() || x.shape.back() % 16 != 0)
+    return Error(std::string(kQdqNvfp4Name) + ": X's last dimension must be a multiple of 16");
+  if (s2.elements() != 1) return Error(std::string(kQdqNvfp4Name) + ": input_scale_2 must be a scalar");
+  OrtValue* y = nullptr;
+  QO_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, x.shape.data(), x.shape.size(), &y));
+  void* y_data = nullptr;
+  QO_RETURN_IF_ERROR(g_api->GetTensorMutableData(y, &y_data));
+  int status = QO_ERR_ARGUMENT;
+#if defined(QO_WITH_CPU)
+  ScopedOrtRunner runner(context);
+  status = qo_qdq_nvfp4_act_f32(static_cast<const float*>(x_data), *static_cast<const float*>(s2_data),
+                                static_cast<float*>(y_data), x.elements());
+#endif
+  if (status != QO_OK)
+    return Error(std::string(kQdqNvfp4Name) + ": kernel failed with status " + std::to_string(status));
+  return nullptr;
+}
+
+std::vector<OrtCustomOp>& QdqFp8Ops() {  // and QuantizeDequantizeMxfp4 / Nvfp4
   static std::vector<OrtCustomOp> ops = [] {
     std::vector<OrtCustomOp> list;
 #if defined(QO_WITH_CPU)
@@ -943,6 +972,8 @@ std::vector<OrtCustomOp>& QdqFp8Ops() {  // and QuantizeDequantizeMxfp4
                               QdqFp8Compute, QdqFp8Destroy}));
     list.push_back(MakeCpuOp({QdqMxfp4Name, QdqFp8InputType, QdqMxfp4InputCount, GetOutputTypeCount, QdqFp8Create,
                               QdqMxfp4Compute, QdqFp8Destroy}));
+    list.push_back(MakeCpuOp({QdqNvfp4Name, QdqFp8InputType, QdqFp8InputCount, GetOutputTypeCount, QdqFp8Create,
+                              QdqNvfp4Compute, QdqFp8Destroy}));
 #endif
     return list;
   }();

@@ -115,13 +115,16 @@ QO_API int qo_matmul_bf16_f32(const float* A, const uint16_t* B, float* Y, int64
  * Runtime's pair. ---- */
 QO_API int qo_qdq_fp8_f32(const float* X, float scale, float* Y, int64_t n);
 
-/* ---- QuantizeDequantizeMxfp4 (qo_cpu_mxfp4_act.c): Quark's dynamic MXFP4 activation fake quantization per block
+/* ---- QuantizeDequantizeMxfp4 (qo_cpu_fp4_act.c): Quark's dynamic MXFP4 activation fake quantization per block
  * of 32 (n a multiple of 32), the block scale by mode; builder/ops/mx_activation.py's subgraph bit for bit on
  * finite blocks, a non-finite block all NaN. ---- */
 #define QO_MX_SCALE_EVEN 0
 #define QO_MX_SCALE_FLOOR 1
 #define QO_MX_SCALE_CEIL 2
 QO_API int qo_qdq_mxfp4_act_f32(const float* X, float* Y, int64_t n, int mode);
+/* QuantizeDequantizeNvfp4: Quark's dynamic NVFP4 activation fake quantization per block of 16 (n a multiple of 16)
+ * with the static input_scale_2; the subgraph's bits on blocks without a NaN, a NaN block all NaN. */
+QO_API int qo_qdq_nvfp4_act_f32(const float* X, float input_scale_2, float* Y, int64_t n);
 QO_API int qo_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_t M, int64_t N, int64_t K);
 
 /* Routed experts (MatMulExperts* ops, qo_cpu_experts.c): Y [T, k, N] float32, Y[t][s] = A_row(t, s) @ W_e^T with

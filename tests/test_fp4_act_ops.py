@@ -1,13 +1,15 @@
-"""com.quark_onnx QuantizeDequantizeMxfp4 (custom_ops/src/qo_cpu_mxfp4_act.c): Quark's dynamic MXFP4 activation
+"""com.quark_onnx QuantizeDequantizeMxfp4 (custom_ops/src/qo_cpu_fp4_act.c): Quark's dynamic MXFP4 activation
 fake quantization ("even" block scales) as one node, bit for bit against
   - the PyTorch emulation of Quark 0.13's code paths (tests/test_mxfp4_activation.py, independent of builder/ and
     custom_ops/), on every SIMD path of the C kernel;
   - the standard-op subgraph it replaces (builder/ops/mx_activation.py), in ORT with 1 and 2 threads, and its own
     ONNX-function fallback;
-  - a converted MXFP4 model (-e cpu): every activation emulation is the op, and its logits equal those of the same
-    graph with the op's function inlined.
-A block with an infinity comes out NaN in both forms."""
+  - converted MXFP4 and NVFP4 models (-e cpu): every activation emulation is the op, and their logits equal those
+    of the same graphs with the op's function inlined.
+An MXFP4 block with an infinity comes out NaN in both forms, an NVFP4 one finite in both (its scale saturates)."""
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 import onnx
@@ -20,7 +22,9 @@ from onnx import TensorProto, helper
 from builder.ops.mx_activation import Fp4ActivationSpec
 from onnx_helpers import build, op_types, shipped_library
 from ort_library_fixture import ort_ops_library  # noqa: F401  (fixture)
-from test_mxfp4_activation import awkward_inputs, run_activation_graph, torch_mxfp4_qdq
+from test_mxfp4_activation import awkward_inputs, run_activation_graph, torch_mxfp4_qdq, torch_nvfp4_qdq
+
+S2 = (1e-3, 0.0123, 3.0)  # input_scale_2 values (test_mxfp4_activation's), the last making many block scales 0
 
 
 def _inputs() -> np.ndarray:
@@ -54,14 +58,30 @@ def test_kernel_is_quarks_emulation(monkeypatch, path):
     assert lib.qo_qdq_mxfp4_act_f32(x.ctypes.data, got.ctypes.data, 31, 0) != 0  # not whole blocks
 
 
-def _op_model(shape, with_function: bool) -> onnx.ModelProto:
+@pytest.mark.parametrize("path", ["portable", "avx2", "avx512"])
+def test_nvfp4_kernel_is_quarks_emulation(monkeypatch, path):
+    from custom_ops import native
+    lib = native.load_library()
+    monkeypatch.setenv("QO_CPU_KERNELS", path)
+    x = _inputs()
+    got = np.empty_like(x)
+    for s2 in S2:
+        assert lib.qo_qdq_nvfp4_act_f32(x.ctypes.data, ctypes.c_float(s2), got.ctypes.data, x.size) == 0
+        want = torch_nvfp4_qdq(torch.from_numpy(x), s2).numpy()
+        assert np.array_equal(got, want), (s2, np.argwhere(got != want)[:5])
+    assert lib.qo_qdq_nvfp4_act_f32(x.ctypes.data, ctypes.c_float(1.0), got.ctypes.data, 15) != 0
+
+
+def _op_model(shape, with_function: bool, s2: float | None = None) -> onnx.ModelProto:
     from custom_ops.functions import DOMAIN, function_protos
-    g = helper.make_graph([helper.make_node("QuantizeDequantizeMxfp4", ["x"], ["y"], domain=DOMAIN)], "op",
+    op = "QuantizeDequantizeMxfp4" if s2 is None else "QuantizeDequantizeNvfp4"
+    inputs, inits = (["x"], []) if s2 is None else (["x", "s2"], [helper.make_tensor("s2", TensorProto.FLOAT, [], [s2])])
+    g = helper.make_graph([helper.make_node(op, inputs, ["y"], domain=DOMAIN)], "op",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], initializer=inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)])
     if with_function:
-        model.functions.extend(function_protos("QuantizeDequantizeMxfp4", 21))
+        model.functions.extend(function_protos(op, 21))
     return model
 
 
@@ -85,18 +105,40 @@ def test_ort_op_and_fallback_are_the_subgraph(tmp_path, ort_ops_library, threads
         assert np.isnan(g[~finite]).all() and np.isnan(w[~finite]).all(), library
 
 
-def test_mxfp4_model_runs_the_op_with_the_subgraphs_bits(quark_exports, tmp_path):
-    export = quark_exports("llama_h64", "mxfp4")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_nvfp4_ort_op_and_fallback_are_the_subgraph(tmp_path, ort_ops_library, threads):
+    x = np.concatenate([_inputs()] * 3)
+    x[-1, 5] = np.inf   # a block with an infinity: finite in both (the scale saturates at 448 s2)
+    x[-2, 40] = np.nan  # a NaN block: all NaN in the op
+    nan_block = np.isnan(x.reshape(-1, 16)).any(axis=1)
+    for s2 in S2:
+        want = run_activation_graph(tmp_path, x, Fp4ActivationSpec("nvfp4", 16, input_scale_2=s2))
+        for library in (ort_ops_library, None):
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = threads
+            so.log_severity_level = 3
+            if library:
+                so.register_custom_ops_library(library)
+            sess = ort.InferenceSession(_op_model(list(x.shape), library is None, s2).SerializeToString(), so,
+                                        providers=["CPUExecutionProvider"])
+            got = sess.run(None, {"x": x})[0].reshape(-1, 16)
+            assert _same_bits(got[~nan_block], want.reshape(-1, 16)[~nan_block]), (library, s2)
+            assert np.isnan(got[nan_block]).all() or library is None, s2
+
+
+@pytest.mark.parametrize("recipe,op", [("mxfp4", "QuantizeDequantizeMxfp4"), ("nvfp4", "QuantizeDequantizeNvfp4")])
+def test_fp4_model_runs_the_op_with_the_subgraphs_bits(quark_exports, tmp_path, recipe, op):
+    export = quark_exports("llama_h64", recipe)
     out = build(export, tmp_path / "onnx", "cpu", "fp32")
     library = shipped_library(out)
     if library is None:
         pytest.skip("no custom-op library: the conversion wrote the standard-op subgraphs")
     ops = op_types(out)
-    assert ops.get("QuantizeDequantizeMxfp4", 0) >= 4 * 2 and "ReduceMax" not in ops, ops
+    assert ops.get(op, 0) >= 4 * 2 and "ReduceMax" not in ops, ops
     from custom_ops.functions import DOMAIN
     model = onnx.load(str(out / "model.onnx"))
-    inlined = onnx.inliner.inline_selected_functions(model, [(DOMAIN, "QuantizeDequantizeMxfp4")])
-    assert "QuantizeDequantizeMxfp4" not in {n.op_type for n in inlined.graph.node}
+    inlined = onnx.inliner.inline_selected_functions(model, [(DOMAIN, op)])
+    assert op not in {n.op_type for n in inlined.graph.node}
     onnx.save(inlined, str(out / "inlined.onnx"))
     ids = np.load(export / "reference.npz")["input_ids"]
 
