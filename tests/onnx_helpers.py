@@ -108,6 +108,21 @@ def int4_experts_nodes(ops: dict[str, int]) -> int:
     return sum(ops.get(op, 0) for op in INT4_EXPERTS_OPS)
 
 
+def session_logits(model_path: Path, ids: np.ndarray, library: str | None) -> np.ndarray:
+    """A prompt's logits through ORT's CPU session of model_path (empty KV cache), the custom-op library registered
+    when given."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if library:
+        so.register_custom_ops_library(library)
+    sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    for inp in sess.get_inputs():
+        if inp.name.startswith("past_key_values"):
+            feeds[inp.name] = np.zeros((ids.shape[0], inp.shape[1], 0, inp.shape[3]), np.float32)
+    return sess.run(["logits"], feeds)[0]
+
+
 def fp8_quantize_count(ops: dict[str, int]) -> int:
     """Static / dynamic activation quantizers of an op_types count: QuantizeLinear nodes, plus the com.quark_onnx
     QuantizeDequantizeFp8 nodes that take a static FP8 pair's place on cpu with the library."""

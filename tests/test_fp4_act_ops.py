@@ -20,7 +20,7 @@ import torch
 from onnx import TensorProto, helper
 
 from builder.ops.mx_activation import Fp4ActivationSpec
-from onnx_helpers import build, op_types, shipped_library
+from onnx_helpers import build, op_types, session_logits, shipped_library
 from ort_library_fixture import ort_ops_library  # noqa: F401  (fixture)
 from test_mxfp4_activation import awkward_inputs, run_activation_graph, torch_mxfp4_qdq, torch_nvfp4_qdq
 
@@ -142,14 +142,5 @@ def test_fp4_model_runs_the_op_with_the_subgraphs_bits(quark_exports, tmp_path, 
     onnx.save(inlined, str(out / "inlined.onnx"))
     ids = np.load(export / "reference.npz")["input_ids"]
 
-    def logits(path):
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        so.register_custom_ops_library(library)
-        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-        for inp in sess.get_inputs():
-            if inp.name.startswith("past_key_values"):
-                feeds[inp.name] = np.zeros((ids.shape[0], inp.shape[1], 0, inp.shape[3]), np.float32)
-        return sess.run(["logits"], feeds)[0]
-    assert _same_bits(logits(out / "model.onnx"), logits(out / "inlined.onnx"))
+    assert _same_bits(session_logits(out / "model.onnx", ids, library),
+                      session_logits(out / "inlined.onnx", ids, library))

@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from onnx_helpers import build, op_types, shipped_library
+from onnx_helpers import build, op_types, session_logits, shipped_library
 from ort_library_fixture import ort_ops_library  # noqa: F401  (fixture)
 
 SCALES = (0.0213, 1.0, 2.0 ** -10, 3.1e-5, 448.0, 1.7e-38)
@@ -124,17 +124,7 @@ def test_fp8_model_runs_the_op_with_the_pairs_bits(quark_exports, tmp_path):
     onnx.save(model, str(pairs))
     ids = np.load(export / "reference.npz")["input_ids"]
 
-    def logits(path):
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        so.register_custom_ops_library(library)
-        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-        for inp in sess.get_inputs():
-            if inp.name.startswith("past_key_values"):
-                feeds[inp.name] = np.zeros((ids.shape[0], inp.shape[1], 0, inp.shape[3]), np.float32)
-        return sess.run(["logits"], feeds)[0]
-    assert _same_bits(logits(out / "model.onnx"), logits(pairs)).all()
+    assert _same_bits(session_logits(out / "model.onnx", ids, library), session_logits(pairs, ids, library)).all()
 
 
 def test_sweep_covers_every_class():

@@ -863,6 +863,13 @@ std::vector<GqaOp>& GqaOps() {
   return ops;
 }
 
+// output 0 with x's shape (the elementwise activation ops below)
+OrtStatus* SameShapeOutput(OrtKernelContext* context, const TensorView& x, void** y_data) {
+  OrtValue* y = nullptr;
+  QO_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, x.shape.data(), x.shape.size(), &y));
+  return g_api->GetTensorMutableData(y, y_data);
+}
+
 // ---- QuantizeDequantizeFp8 (CPU, float32): X [any shape], scale float scalar -> Y [X's shape] =
 // DequantizeLinear(QuantizeLinear(X, scale, float8e4m3fn zero, saturate=1), scale), bit for bit
 // (qo_cpu_fp8_qdq.c): the static FP8 activation quantization of one node instead of two. ----
@@ -893,10 +900,8 @@ OrtStatus* ORT_API_CALL QdqFp8Compute(void*, OrtKernelContext* context) {
   QO_RETURN_IF_ERROR(Input(context, 0, &x, &x_data));
   QO_RETURN_IF_ERROR(Input(context, 1, &scale, &scale_data));
   if (scale.elements() != 1) return Error(std::string(kQdqFp8Name) + ": scale must be a scalar");
-  OrtValue* y = nullptr;
-  QO_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, x.shape.data(), x.shape.size(), &y));
   void* y_data = nullptr;
-  QO_RETURN_IF_ERROR(g_api->GetTensorMutableData(y, &y_data));
+  QO_RETURN_IF_ERROR(SameShapeOutput(context, x, &y_data));
   int status = QO_ERR_ARGUMENT;
 #if defined(QO_WITH_CPU)
   ScopedOrtRunner runner(context);
@@ -920,10 +925,8 @@ OrtStatus* ORT_API_CALL QdqMxfp4Compute(void*, OrtKernelContext* context) {
   QO_RETURN_IF_ERROR(Input(context, 0, &x, &x_data));
   if (x.shape.empty() || x.shape.back() % 32 != 0)
     return Error(std::string(kQdqMxfp4Name) + ": X's last dimension must be a multiple of 32");
-  OrtValue* y = nullptr;
-  QO_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, x.shape.data(), x.shape.size(), &y));
   void* y_data = nullptr;
-  QO_RETURN_IF_ERROR(g_api->GetTensorMutableData(y, &y_data));
+  QO_RETURN_IF_ERROR(SameShapeOutput(context, x, &y_data));
   int status = QO_ERR_ARGUMENT;
 #if defined(QO_WITH_CPU)
   ScopedOrtRunner runner(context);
@@ -949,10 +952,8 @@ OrtStatus* ORT_API_CALL QdqNvfp4Compute(void*, OrtKernelContext* context) {
   if (x.shape.empty() || x.shape.back() % 16 != 0)
     return Error(std::string(kQdqNvfp4Name) + ": X's last dimension must be a multiple of 16");
   if (s2.elements() != 1) return Error(std::string(kQdqNvfp4Name) + ": input_scale_2 must be a scalar");
-  OrtValue* y = nullptr;
-  QO_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, x.shape.data(), x.shape.size(), &y));
   void* y_data = nullptr;
-  QO_RETURN_IF_ERROR(g_api->GetTensorMutableData(y, &y_data));
+  QO_RETURN_IF_ERROR(SameShapeOutput(context, x, &y_data));
   int status = QO_ERR_ARGUMENT;
 #if defined(QO_WITH_CPU)
   ScopedOrtRunner runner(context);
