@@ -84,6 +84,11 @@ def exported_kernels(path: str) -> frozenset:
     return _SYMBOLS.get(str(path), frozenset())
 
 
+def has_kernel(library: str | None, op: str) -> bool:
+    """Whether the custom-op library at `library` (None: no library) exports com.quark_onnx `op`'s kernel."""
+    return bool(library) and OP_SYMBOLS[op] in exported_kernels(str(library))
+
+
 def _check(path: str) -> tuple[str, ...]:
     lib = Path(path)
     if not lib.exists():

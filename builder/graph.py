@@ -198,6 +198,14 @@ class GraphBuilder:
         self.functions.setdefault((function.domain, function.name), function)
         self.opsets.setdefault(function.domain, opset_version)
 
+    def quark_op(self, op_type: str, inputs: list[str], name: str, **attrs) -> str:
+        """A com.quark_onnx node with one output; its ONNX-function fallback, and the helpers that body calls, attached
+        to the model once (custom_ops/functions.py)."""
+        from custom_ops.functions import DOMAIN, function_protos
+        for proto in function_protos(op_type, self.opsets[""]):
+            self.add_function(proto, opset_version=1)
+        return self.op(op_type, inputs, name, domain=DOMAIN, **attrs)
+
     # ---- save --------------------------------------------------------------------------------------------------
     def finish(self, model_path: Path, graph_name: str = "main_graph", producer: str = "quark-onnx-builder",
                metadata: dict | None = None) -> onnx.ModelProto:

@@ -35,8 +35,9 @@ def _initializer(name: str, value) -> onnx.TensorProto:
 
 def single_op_model(op_type: str, a_dtype, k: int, weights: dict, attributes: dict | None = None,
                     attach_function: bool = True, opset: int = functions.DEFAULT_ONNX_OPSET) -> onnx.ModelProto:
-    """A [..., K] (a_dtype) -> op(A, *weights) -> Y. weights: the op's other inputs by name, in op order.
-    attributes default to the op's required ones inferred from the weights (MatMulMxfp4: K, N)."""
+    """A [..., K] (a_dtype) -> op(A, *weights) -> Y. weights: the op's other inputs by name, in op order. The graph's
+    input takes the op's first input name (A; X for the QuantizeDequantize* ops). attributes default to the op's
+    required ones inferred from the weights (MatMulMxfp4: K, N)."""
     names = functions.OP_INPUTS[op_type]
     if attributes is None:
         attributes = {"K": k, "N": np.asarray(weights["B"]).shape[0]} if op_type == "MatMulMxfp4" else {}
@@ -44,7 +45,7 @@ def single_op_model(op_type: str, a_dtype, k: int, weights: dict, attributes: di
                             **attributes)
     elem = _ELEM[np.dtype(a_dtype)]
     graph = helper.make_graph(
-        [node], f"single_{op_type}", [helper.make_tensor_value_info("A", elem, None)],
+        [node], f"single_{op_type}", [helper.make_tensor_value_info(names[0], elem, None)],
         [helper.make_tensor_value_info("Y", elem, None)], [_initializer(n, weights[n]) for n in names[1:]])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
                                                     helper.make_opsetid(functions.DOMAIN, functions.DOMAIN_VERSION)])

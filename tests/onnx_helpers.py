@@ -123,6 +123,15 @@ def session_logits(model_path: Path, ids: np.ndarray, library: str | None) -> np
     return sess.run(["logits"], feeds)[0]
 
 
+def run_single_op(op_type: str, x: np.ndarray, weights: dict, library: str | None, threads: int) -> np.ndarray:
+    """One com.quark_onnx node (custom_ops/single_op.py, its function attached) on x [..., K] in ORT's CPU session:
+    the library's kernel when `library` is given, else the ONNX-function fallback."""
+    from custom_ops import functions, single_op
+    model = single_op.single_op_model(op_type, x.dtype, x.shape[-1], weights)
+    sess = single_op.session(model, library=library, threads=threads)
+    return sess.run(None, {functions.OP_INPUTS[op_type][0]: x})[0]
+
+
 def fp8_quantize_count(ops: dict[str, int]) -> int:
     """Static / dynamic activation quantizers of an op_types count: QuantizeLinear nodes, plus the com.quark_onnx
     QuantizeDequantizeFp8 nodes that take a static FP8 pair's place on cpu with the library."""

@@ -14,13 +14,11 @@ import ctypes
 import numpy as np
 import onnx
 import onnx.inliner
-import onnxruntime as ort
 import pytest
 import torch
-from onnx import TensorProto, helper
 
 from builder.ops.mx_activation import Fp4ActivationSpec
-from onnx_helpers import build, op_types, session_logits, shipped_library
+from onnx_helpers import build, op_types, run_single_op, session_logits, shipped_library
 from ort_library_fixture import ort_ops_library  # noqa: F401  (fixture)
 from test_mxfp4_activation import awkward_inputs, run_activation_graph, torch_mxfp4_qdq, torch_nvfp4_qdq
 
@@ -72,19 +70,6 @@ def test_nvfp4_kernel_is_quarks_emulation(monkeypatch, path):
     assert lib.qo_qdq_nvfp4_act_f32(x.ctypes.data, ctypes.c_float(1.0), got.ctypes.data, 15) != 0
 
 
-def _op_model(shape, with_function: bool, s2: float | None = None) -> onnx.ModelProto:
-    from custom_ops.functions import DOMAIN, function_protos
-    op = "QuantizeDequantizeMxfp4" if s2 is None else "QuantizeDequantizeNvfp4"
-    inputs, inits = (["x"], []) if s2 is None else (["x", "s2"], [helper.make_tensor("s2", TensorProto.FLOAT, [], [s2])])
-    g = helper.make_graph([helper.make_node(op, inputs, ["y"], domain=DOMAIN)], "op",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], initializer=inits)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)])
-    if with_function:
-        model.functions.extend(function_protos(op, 21))
-    return model
-
-
 @pytest.mark.parametrize("threads", [1, 2])
 def test_ort_op_and_fallback_are_the_subgraph(tmp_path, ort_ops_library, threads):
     x = np.concatenate([_inputs()] * 6)  # several pool tasks
@@ -92,14 +77,7 @@ def test_ort_op_and_fallback_are_the_subgraph(tmp_path, ort_ops_library, threads
     want = run_activation_graph(tmp_path, x, Fp4ActivationSpec("mxfp4", 32))
     finite = np.isfinite(x.reshape(-1, 32)).all(axis=1)
     for library in (ort_ops_library, None):
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.log_severity_level = 3
-        if library:
-            so.register_custom_ops_library(library)
-        sess = ort.InferenceSession(_op_model(list(x.shape), library is None).SerializeToString(), so,
-                                    providers=["CPUExecutionProvider"])
-        got = sess.run(None, {"x": x})[0]
+        got = run_single_op("QuantizeDequantizeMxfp4", x, {}, library, threads)
         g, w = got.reshape(-1, 32), want.reshape(-1, 32)
         assert _same_bits(g[finite], w[finite]), library
         assert np.isnan(g[~finite]).all() and np.isnan(w[~finite]).all(), library
@@ -114,14 +92,8 @@ def test_nvfp4_ort_op_and_fallback_are_the_subgraph(tmp_path, ort_ops_library, t
     for s2 in S2:
         want = run_activation_graph(tmp_path, x, Fp4ActivationSpec("nvfp4", 16, input_scale_2=s2))
         for library in (ort_ops_library, None):
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = threads
-            so.log_severity_level = 3
-            if library:
-                so.register_custom_ops_library(library)
-            sess = ort.InferenceSession(_op_model(list(x.shape), library is None, s2).SerializeToString(), so,
-                                        providers=["CPUExecutionProvider"])
-            got = sess.run(None, {"x": x})[0].reshape(-1, 16)
+            got = run_single_op("QuantizeDequantizeNvfp4", x, {"input_scale_2": np.float32(s2)}, library,
+                                threads).reshape(-1, 16)
             assert _same_bits(got[~nan_block], want.reshape(-1, 16)[~nan_block]), (library, s2)
             assert np.isnan(got[nan_block]).all() or library is None, s2
 

@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from onnx_helpers import build, op_types, session_logits, shipped_library
+from onnx_helpers import build, op_types, run_single_op, session_logits, shipped_library
 from ort_library_fixture import ort_ops_library  # noqa: F401  (fixture)
 
 SCALES = (0.0213, 1.0, 2.0 ** -10, 3.1e-5, 448.0, 1.7e-38)
@@ -70,18 +70,6 @@ def test_kernel_is_ort_pair_bit_for_bit(monkeypatch, path):
         assert not bad.any(), (scale, x[bad][:5], want[bad][:5], got[bad][:5])
 
 
-def _op_model(shape, scale: float, with_function: bool) -> onnx.ModelProto:
-    from custom_ops.functions import DOMAIN, function_protos
-    node = helper.make_node("QuantizeDequantizeFp8", ["x", "s"], ["y"], domain=DOMAIN)
-    g = helper.make_graph([node], "op", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
-                          initializer=[helper.make_tensor("s", TensorProto.FLOAT, [], [scale])])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)])
-    if with_function:
-        model.functions.extend(function_protos("QuantizeDequantizeFp8", 21))
-    return model
-
-
 @pytest.mark.parametrize("threads", [1, 2])
 def test_ort_op_and_fallback_are_ort_pair(ort_ops_library, threads):
     x = _inputs()[: 3 * 65536 + 123].reshape(-1, 1)  # several pool tasks and a tail
@@ -89,14 +77,7 @@ def test_ort_op_and_fallback_are_ort_pair(ort_ops_library, threads):
     for scale in (0.0213, 3.1e-5):
         want = _ort_pair(x.reshape(-1), scale).reshape(x.shape)
         for library in (ort_ops_library, None):
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = threads
-            so.log_severity_level = 3
-            if library:
-                so.register_custom_ops_library(library)
-            model = _op_model(list(x.shape), scale, with_function=library is None)
-            sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-            got = sess.run(None, {"x": x})[0]
+            got = run_single_op("QuantizeDequantizeFp8", x, {"scale": np.float32(scale)}, library, threads)
             assert _same_bits(got, want).all(), (library, scale)
 
 

@@ -91,9 +91,9 @@ def fp4_act_op_applies(ctx, spec: Fp4ActivationSpec) -> bool:
     (custom_ops/src/qo_cpu_fp4_act.c: this module's subgraph bit for bit on blocks without a NaN, in one pass instead
     of about 30). The callers' inputs have a last axis of a multiple of the block (the FP4 linears' in_features,
     checked at plan time)."""
-    lib = getattr(getattr(ctx, "options", None), "custom_ops_library", None)
-    ep = getattr(ctx, "ep", None)
-    if ctx.io != "fp32" or not lib or ep is None or ep.name != "cpu":
+    from ..custom_ops_library import has_kernel
+    ep = getattr(ctx, "ep", None)  # the activation tests' contexts have no EP
+    if ctx.io != "fp32" or ep is None or ep.name != "cpu":
         return False
     if spec.kind == "mxfp4" and spec.group_size == 32 and spec.scale_mode == "even":
         op = "QuantizeDequantizeMxfp4"
@@ -101,8 +101,7 @@ def fp4_act_op_applies(ctx, spec: Fp4ActivationSpec) -> bool:
         op = "QuantizeDequantizeNvfp4"
     else:
         return False
-    from ..custom_ops_library import OP_SYMBOLS, exported_kernels
-    return OP_SYMBOLS[op] in exported_kernels(str(lib))
+    return has_kernel(getattr(getattr(ctx, "options", None), "custom_ops_library", None), op)
 
 
 def emit_fp4_activation_qdq(ctx, x: str, spec: Fp4ActivationSpec, prefix: str) -> str:
@@ -115,13 +114,10 @@ def emit_fp4_activation_qdq(ctx, x: str, spec: Fp4ActivationSpec, prefix: str) -
         return cache[key]
     p = f"{prefix}/{'MxFp4' if spec.kind == 'mxfp4' else 'NvFp4'}Act"
     if fp4_act_op_applies(ctx, spec):  # the subgraph below as one com.quark_onnx node, the same bits
-        from custom_ops.functions import DOMAIN, function_protos
         op = "QuantizeDequantizeMxfp4" if spec.kind == "mxfp4" else "QuantizeDequantizeNvfp4"
-        for proto in function_protos(op, g.opsets[""]):
-            g.add_function(proto, opset_version=1)
         inputs = [x] if spec.kind == "mxfp4" else \
             [x, g.initializer(f"{p}.input_scale_2", np.array(spec.input_scale_2, dtype=np.float32))]
-        y = g.op(op, inputs, f"{p}/{op}", domain=DOMAIN)
+        y = g.quark_op(op, inputs, f"{p}/{op}")
         cache[key] = y
         return y
     x32 = x if ctx.io == "fp32" else g.op("Cast", [x], f"{p}/CastF32", to=TensorProto.FLOAT)

@@ -40,11 +40,9 @@ def dequantize(ctx, q: str, scale: str, zp: str, name: str, axis: int | None = N
 def fp8_qdq_op_applies(ctx) -> bool:
     """cpu, float32 io and a custom-op library with the QuantizeDequantizeFp8 kernel: a static FP8 Q/DQ pair becomes
     that one node (the same bits: custom_ops/src/qo_cpu_fp8_qdq.c; its ONNX function is the pair)."""
-    lib = getattr(getattr(ctx, "options", None), "custom_ops_library", None)
-    if ctx.ep.name != "cpu" or np.dtype(ctx.io_np) != np.float32 or not lib:
-        return False
-    from ..custom_ops_library import OP_SYMBOLS, exported_kernels
-    return OP_SYMBOLS["QuantizeDequantizeFp8"] in exported_kernels(str(lib))
+    from ..custom_ops_library import has_kernel
+    return (ctx.ep.name == "cpu" and np.dtype(ctx.io_np) == np.float32
+            and has_kernel(getattr(getattr(ctx, "options", None), "custom_ops_library", None), "QuantizeDequantizeFp8"))
 
 
 def qdq_static(ctx, x: str, scale: float, qtype: str, name: str, zp_value: int = 0) -> str:
@@ -53,11 +51,8 @@ def qdq_static(ctx, x: str, scale: float, qtype: str, name: str, zp_value: int =
         return fnuz.qdq_static(ctx, x, scale, name)
     g = ctx.graph
     if qtype == "fp8_e4m3" and fp8_qdq_op_applies(ctx):
-        from custom_ops.functions import DOMAIN, function_protos
-        for proto in function_protos("QuantizeDequantizeFp8", g.opsets[""]):
-            g.add_function(proto, opset_version=1)
         s = g.scalar(f"{name}/scale", scale, np.float32)
-        return g.op("QuantizeDequantizeFp8", [x, s], f"{name}/QuantizeDequantizeFp8", domain=DOMAIN)
+        return g.quark_op("QuantizeDequantizeFp8", [x, s], f"{name}/QuantizeDequantizeFp8")
     s = g.scalar(f"{name}/scale", scale, ctx.io_np)
     zp = g.initializer(f"{name}/zero_point", zero_point(qtype, zp_value))
     return dequantize(ctx, quantize(ctx, x, s, zp, name), s, zp, name)

@@ -454,11 +454,8 @@ def _input_quant(ctx, q: InputQuant, x: str, idx: str, p: str) -> str:
         lo = g.scalar(f"{p}/fp8_min", -FP8_MAX, ctx.io_np)
         u = fnuz.unit_qdq(ctx, fnuz.saturate(g, xs, lo, hi, f"{p}/Saturate"), f"{p}/input_quant")
     elif fp8_qdq_op_applies(ctx):  # the pair below as one com.quark_onnx node (the same bits: ops/qdq.py)
-        from custom_ops.functions import DOMAIN, function_protos
-        for proto in function_protos("QuantizeDequantizeFp8", g.opsets[""]):
-            g.add_function(proto, opset_version=1)
-        u = g.op("QuantizeDequantizeFp8", [xs, g.scalar(f"{p}/unit_scale", 1.0, np.float32)],
-                 f"{p}/input_quant/QuantizeDequantizeFp8", domain=DOMAIN)
+        u = g.quark_op("QuantizeDequantizeFp8", [xs, g.scalar(f"{p}/unit_scale", 1.0, np.float32)],
+                       f"{p}/input_quant/QuantizeDequantizeFp8")
     else:  # QuantizeLinear saturates float8e4m3fn at +-448 (saturate=1), rounding to nearest even
         one = g.scalar(f"{p}/unit_scale", 1.0, ctx.io_np)
         zp = g.initializer(f"{p}/zero_point", np.zeros((), ml_dtypes.float8_e4m3fn))
@@ -767,12 +764,18 @@ TILED_EXPERTS_OPS = {"mxfp4": "MatMulExpertsMxfp4R16", "mxfp4_fp8": "MatMulExper
 def _tiled_experts_op(ctx, key, first) -> str | None:
     """The 16-row-tile experts op for a stack (builder/quant/fp4_tiles.py's rule: the cpu compact FP4 form, N % 16 == 0,
     MXFP4 only where the graph does not put A on the MXFP4 grid; and the library's kernel), else None."""
-    from ..custom_ops_library import OP_SYMBOLS, exported_kernels
+    from ..custom_ops_library import has_kernel
     op = TILED_EXPERTS_OPS.get(key[0])
     if (op is None or ctx.ep.fp4_linear != COMPACT or first.out_features % 16 or _mx_mode(ctx, key) is not None
-            or OP_SYMBOLS[op] not in exported_kernels(str(ctx.options.custom_ops_library))):
+            or not has_kernel(ctx.options.custom_ops_library, op)):
         return None
     return op
+
+
+def _stack_op(ctx, key, first) -> str | None:
+    """The experts op of a stack of this format (the tiles where they apply); None for 4-bit integer stacks, which
+    take MatMulExpertsUint4, or MatMulExpertsInt4 where every zero point is 8."""
+    return _tiled_experts_op(ctx, key, first) or (EXPERTS_OPS[key[0]][0] if key[0] != "int" else None)
 
 
 def _tiled_arrays(arrays_of):
@@ -793,12 +796,12 @@ def build_op_stack(ctx, plans: list, name: str) -> OpStack:
     pairs = isinstance(plans[0], tuple)
     first = plans[0][0] if pairs else plans[0]
     key = stack_key(first)
-    tiled_op = _tiled_experts_op(ctx, key, first)
+    op = _stack_op(ctx, key, first)
     arrays_of = _pair_arrays if pairs else _op_expert_arrays
     data, small, _head = _stream_stack(ctx, plans, f"{name}.experts_op.data",
-                                       _tiled_arrays(arrays_of) if tiled_op else arrays_of, (-1,))
+                                       _tiled_arrays(arrays_of) if op in TILED_EXPERTS_OPS.values() else arrays_of,
+                                       (-1,))
     names = {"data": data}
-    op = tiled_op or (EXPERTS_OPS[key[0]][0] if key[0] != "int" else None)
     for role, arrs in small.items():
         arr = np.stack(arrs)
         if role == "scale" and key[0] in ("fp8", "int8_w8a8") and arr.shape[1] == 1:
@@ -815,19 +818,16 @@ def build_op_stack(ctx, plans: list, name: str) -> OpStack:
 
 def _op_project(ctx, st: OpStack, x: str, idx: str, p: str, mx_done: bool) -> str:
     """x [T, K] or [T, k, K] -> [T, k, N] for the experts in idx [T, k]."""
-    from custom_ops.functions import DOMAIN, function_protos
     g = ctx.graph
     if st.mx_mode is not None and not mx_done:
         x = emit_fp4_activation_qdq(ctx, x, Fp4ActivationSpec("mxfp4", MXFP4_GROUP, st.mx_mode), p)
     if st.input_quant is not None:  # x [T, 1 | k, K] -> [T, k, K]
         x = _input_quant(ctx, st.input_quant, x, idx, p)
-    for proto in function_protos(st.op, g.opsets[""]):
-        g.add_function(proto, opset_version=1)
     scale_2 = [st.scale_2] if st.scale_2 is not None else []
     attrs = {}
     if st.op in ("MatMulExpertsUint4", "MatMulExpertsInt4"):
         attrs["accuracy_level"] = int4_experts_level(ctx)
-    y = g.op(st.op, [x, idx, st.data, st.scale, *scale_2], f"{p}/{st.op}", domain=DOMAIN, **attrs)
+    y = g.quark_op(st.op, [x, idx, st.data, st.scale, *scale_2], f"{p}/{st.op}", **attrs)
     if st.bias is not None:
         y = g.op("Add", [y, g.op("Gather", [st.bias, idx], f"{p}/GatherBias", axis=0)], f"{p}/BiasAdd")
     return y
@@ -845,10 +845,9 @@ def planned_experts_ops(ctx, experts: list[tuple]) -> tuple[list[str], dict[str,
     for plans in groups:
         first = plans[0]
         key = stack_key(first)
-        tiled = _tiled_experts_op(ctx, key, first)
         signed = key[0] == "int" and key[1] == "int4"  # stored as q + 8: every zero point 8
-        op = tiled or (EXPERTS_OPS[key[0]][0] if key[0] != "int" else
-                       "MatMulExpertsInt4" if signed else "MatMulExpertsUint4")
+        op = _stack_op(ctx, key, first) or ("MatMulExpertsInt4" if signed else "MatMulExpertsUint4")
+        tiled = op in TILED_EXPERTS_OPS.values()
         ops.append(op)
         how = [f"this expert's rows of the layer's [E, N, ...] stack{' in 16-row tiles' if tiled else ''}",
                "the k chosen experts read in place"]

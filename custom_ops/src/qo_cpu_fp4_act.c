@@ -29,9 +29,17 @@
 #define NVA_BLOCK 16
 #define FP4A_TASK_ELEMENTS 65536 /* elements per pool task */
 #define F32_EPS 0x1p-23f
+/* The per-block scalar steps inline into the SIMD loops: called there out of line, they run as legacy SSE code on
+ * dirty upper vector state, and each call pays the transition (the NVFP4 AVX-512 path took 17.4 ms instead of 1.8 for
+ * 1.8 M elements, one thread). */
+#if defined(__GNUC__) || defined(__clang__)
+#define FP4A_INLINE static inline __attribute__((always_inline))
+#else
+#define FP4A_INLINE static inline
+#endif
 
 /* the MXFP4 block's scale from its max magnitude (finite, >= 0) */
-static float mxa_scale(float amax, int mode) {
+FP4A_INLINE float mxa_scale(float amax, int mode) {
   const float a = amax < 0x1p-126f ? 0x1p-126f : amax;
   const float p = qo_bits_to_f32(qo_f32_to_bits(a) & 0x7F800000u); /* a is normal: 2^floor(log2 a) */
   int up = 0;
@@ -42,10 +50,10 @@ static float mxa_scale(float amax, int mode) {
 }
 
 /* the NVFP4 block's (scale to multiply back, divisor) from its max magnitude (not NaN; infinite saturates) */
-static void nva_scale(float amax, float s2, float* mul, float* den) {
+FP4A_INLINE void nva_scale(float amax, float s2, float* mul, float* den) {
   float s = amax / 6.0f;
   if (s == 0.0f) s = F32_EPS;
-  const float sq = qo_e4m3fn_to_f32(qo_f32_to_e4m3fn_sat(s / s2)) * s2;
+  const float sq = qo_e4m3fn_qdq(s, s2);
   *mul = sq;
   *den = sq == 0.0f ? F32_EPS : sq;
 }
@@ -71,7 +79,7 @@ static float block_amax(const float* x, int n) {
   return amax;
 }
 
-static void nan_fill(float* y, int n) {
+FP4A_INLINE void nan_fill(float* y, int n) {
   for (int i = 0; i < n; ++i) y[i] = qo_bits_to_f32(0x7FC00000u);
 }
 
@@ -105,10 +113,12 @@ QO_TARGET_BEGIN("avx2,fma")
 static inline __m256 e2m1_avx2(__m256 x, __m256 den, __m256 mul) {
   const __m256 v = _mm256_div_ps(x, den);
   const __m256 m = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
-  __m256 inv = _mm256_blendv_ps(_mm256_set1_ps(0.5f), _mm256_set1_ps(1.0f),
-                                _mm256_cmp_ps(m, _mm256_set1_ps(4.0f), _CMP_LT_OQ));
-  inv = _mm256_blendv_ps(inv, _mm256_set1_ps(2.0f), _mm256_cmp_ps(m, _mm256_set1_ps(2.0f), _CMP_LT_OQ));
-  const __m256 step = _mm256_div_ps(_mm256_set1_ps(1.0f), inv); /* exact: a power of two */
+  const __m256 below4 = _mm256_cmp_ps(m, _mm256_set1_ps(4.0f), _CMP_LT_OQ);
+  const __m256 below2 = _mm256_cmp_ps(m, _mm256_set1_ps(2.0f), _CMP_LT_OQ);
+  const __m256 inv = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_set1_ps(0.5f), _mm256_set1_ps(1.0f), below4),
+                                      _mm256_set1_ps(2.0f), below2);  /* 1 / step */
+  const __m256 step = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_set1_ps(2.0f), _mm256_set1_ps(1.0f), below4),
+                                       _mm256_set1_ps(0.5f), below2);
   __m256 q = _mm256_mul_ps(_mm256_round_ps(_mm256_mul_ps(v, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
                            step);
   q = _mm256_min_ps(_mm256_max_ps(q, _mm256_set1_ps(-6.0f)), _mm256_set1_ps(6.0f));
@@ -165,10 +175,12 @@ QO_TARGET_BEGIN("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq")
 static inline __m512 e2m1_avx512(__m512 x, __m512 den, __m512 mul) {
   const __m512 v = _mm512_div_ps(x, den);
   const __m512 m = _mm512_abs_ps(v);
-  __m512 inv = _mm512_mask_mov_ps(_mm512_set1_ps(0.5f), _mm512_cmp_ps_mask(m, _mm512_set1_ps(4.0f), _CMP_LT_OQ),
-                                  _mm512_set1_ps(1.0f));
-  inv = _mm512_mask_mov_ps(inv, _mm512_cmp_ps_mask(m, _mm512_set1_ps(2.0f), _CMP_LT_OQ), _mm512_set1_ps(2.0f));
-  const __m512 step = _mm512_div_ps(_mm512_set1_ps(1.0f), inv);
+  const __mmask16 below4 = _mm512_cmp_ps_mask(m, _mm512_set1_ps(4.0f), _CMP_LT_OQ);
+  const __mmask16 below2 = _mm512_cmp_ps_mask(m, _mm512_set1_ps(2.0f), _CMP_LT_OQ);
+  const __m512 inv = _mm512_mask_mov_ps(_mm512_mask_mov_ps(_mm512_set1_ps(0.5f), below4, _mm512_set1_ps(1.0f)),
+                                        below2, _mm512_set1_ps(2.0f)); /* 1 / step */
+  const __m512 step = _mm512_mask_mov_ps(_mm512_mask_mov_ps(_mm512_set1_ps(2.0f), below4, _mm512_set1_ps(1.0f)),
+                                         below2, _mm512_set1_ps(0.5f));
   __m512 q = _mm512_mul_ps(_mm512_roundscale_ps(_mm512_mul_ps(v, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
                            step);
   q = _mm512_min_ps(_mm512_max_ps(q, _mm512_set1_ps(-6.0f)), _mm512_set1_ps(6.0f));

@@ -24,10 +24,8 @@
 
 #define QDQ_TASK_ELEMENTS 65536 /* elements per pool task (about 20 us of one thread) */
 
-static float qdq_scalar(float x, float s) { return qo_e4m3fn_to_f32(qo_f32_to_e4m3fn_sat(x / s)) * s; }
-
 static void qdq_portable(const float* x, float s, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = qdq_scalar(x[i], s);
+  for (int64_t i = 0; i < n; ++i) y[i] = qo_e4m3fn_qdq(x[i], s);
 }
 
 #if defined(QO_HAVE_AVX512_HELPERS)
@@ -56,7 +54,7 @@ static void qdq_avx2(const float* x, float s, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(y + i, _mm256_mul_ps(e4m3_round_avx2(_mm256_div_ps(_mm256_loadu_ps(x + i), sv)), sv));
-  for (; i < n; ++i) y[i] = qdq_scalar(x[i], s);
+  for (; i < n; ++i) y[i] = qo_e4m3fn_qdq(x[i], s);
 }
 QO_TARGET_END
 
@@ -84,7 +82,7 @@ static void qdq_avx512(const float* x, float s, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(y + i, _mm512_mul_ps(e4m3_round_avx512(_mm512_div_ps(_mm512_loadu_ps(x + i), sv)), sv));
-  for (; i < n; ++i) y[i] = qdq_scalar(x[i], s);
+  for (; i < n; ++i) y[i] = qo_e4m3fn_qdq(x[i], s);
 }
 QO_TARGET_END
 #endif

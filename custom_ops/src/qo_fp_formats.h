@@ -87,6 +87,9 @@ QO_HD uint8_t qo_f32_to_e4m3fn_sat(float f) {
   return (uint8_t)(sign | code);
 }
 
+/* ONNX's DequantizeLinear(QuantizeLinear(x, s, float8e4m3fn, saturate=1), s): x / s rounded to e4m3fn, times s. */
+QO_HD float qo_e4m3fn_qdq(float x, float s) { return qo_e4m3fn_to_f32(qo_f32_to_e4m3fn_sat(x / s)) * s; }
+
 /* ---- OCP MX: e2m1 element codes and e8m0 block scales ---- */
 QO_HD float qo_e2m1_to_f32(uint8_t code) {
   /* magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 = (code & 7) decoded as e2m1 with bias 1 */
