@@ -48,7 +48,7 @@ OP_SYMBOLS = {"MatMulMxfp4": "qo_matmul_mxfp4_f32", "MatMulFp8W8A8": "qo_matmul_
               "GroupQueryAttentionFixedOrder": "qo_gqa_fixed_order_f32",
               "GroupQueryAttentionFixedOrderSinks": "qo_gqa_fixed_order_f32",
               "QuantizeDequantizeFp8": "qo_qdq_fp8_f32", "QuantizeDequantizeMxfp4": "qo_qdq_mxfp4_act_f32",
-              "QuantizeDequantizeNvfp4": "qo_qdq_nvfp4_act_f32"}
+              "QuantizeDequantizeNvfp4": "qo_qdq_nvfp4_act_rows_f32"}  # rows: the per-row scales too
 # MatMulExpertsUint4 / Int4 at accuracy_level 4 (int8 activations) need this kernel too (a library built before it
 # has only the exact one)
 INT4_EXPERTS_A8_SYMBOL = "qo_matmul_experts_int4_a8_f32"

@@ -204,22 +204,29 @@ def QuantizeDequantizeMxfp4(X: FLOAT[...]):
     return Y
 
 
-NVA_BLOCKS = _ints("nva_blocks", [-1, NVFP4_BLOCK_SIZE])
+NVA_BLOCK = _ints("nva_block", [NVFP4_BLOCK_SIZE])
 NVA_SIX, NVA_ZERO, NVA_EPS = _f("nva_six", 6.0), _f("nva_zero", 0.0), _f("nva_eps", float(np.finfo(np.float32).eps))
+FP8_ONE = _f("fp8_one", 1.0)
 
 
 @script(quark_onnx)
 def QuantizeDequantizeNvfp4(X: FLOAT[...], input_scale_2: FLOAT[...]):
     """Quark's dynamic NVFP4 activation fake quantization (blocks of 16 along the last axis; the block scales
-    amax / 6 fake-quantized to e4m3 with the static input_scale_2, a scalar): builder/ops/mx_activation.py's
-    standard-op subgraph, op for op."""
-    blocks = op.Reshape(X, op.Constant(value=NVA_BLOCKS))
+    amax / 6 fake-quantized to e4m3 with the static input_scale_2: a scalar, or [..., 1] broadcasting against X's
+    leading axes, one scale per row): builder/ops/mx_activation.py's per-expert subgraph, op for op. With a scalar it
+    is also that module's per-tensor subgraph bit for bit: QuantizeLinear(s, s2) is e4m3(s / s2) (the IEEE
+    division, custom_ops/src/qo_cpu_fp8_qdq.c) and DequantizeLinear(., s2) multiplies by s2, as here."""
+    k = op.Shape(X, start=-1)
+    blocks = op.Reshape(X, op.Concat(op.Shape(X, start=0, end=-1), op.Div(k, op.Constant(value=NVA_BLOCK)),
+                                     op.Constant(value=NVA_BLOCK), axis=0))           # [..., K/16, 16]
     amax = op.ReduceMax(op.Abs(blocks), op.Constant(value=LAST_AXIS), keepdims=1)
     zero, eps = op.Constant(value=NVA_ZERO), op.Constant(value=NVA_EPS)
     s = op.Div(amax, op.Constant(value=NVA_SIX))
     s = op.Where(op.Equal(s, zero), eps, s)
-    s2 = op.Reshape(input_scale_2, op.Constant(value=SCALAR_SHAPE))
-    sq = op.DequantizeLinear(op.QuantizeLinear(s, s2, op.Constant(value=FP8_ZERO), saturate=1), s2)
+    s2 = op.Unsqueeze(input_scale_2, op.Constant(value=LAST_AXIS))                  # [] -> [1], [..., 1] -> [..., 1, 1]
+    one = op.Constant(value=FP8_ONE)
+    u = op.DequantizeLinear(op.QuantizeLinear(op.Div(s, s2), one, op.Constant(value=FP8_ZERO), saturate=1), one)
+    sq = op.Mul(u, s2)
     den = op.Where(op.Equal(sq, zero), eps, sq)
     scaled = op.Div(blocks, den)
     mag = op.Abs(scaled)
@@ -228,7 +235,8 @@ def QuantizeDequantizeNvfp4(X: FLOAT[...], input_scale_2: FLOAT[...]):
     step = op.Where(op.Less(mag, two), op.Constant(value=MXA_HALF), step)
     q = op.Mul(op.Round(op.Div(scaled, step)), step)
     q = op.Clip(q, op.Constant(value=MXA_E2M1_MIN), op.Constant(value=MXA_E2M1_MAX))
-    Y = op.Reshape(op.Mul(q, sq), op.Shape(X))
+    y = op.Mul(q, sq)
+    Y = op.Reshape(y, op.Concat(op.Shape(y, start=0, end=-2), k, axis=0))
     return Y
 
 

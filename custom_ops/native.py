@@ -145,6 +145,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "qo_qdq_fp8_f32": [p, f32, p, i64],
         "qo_qdq_mxfp4_act_f32": [p, p, i64, ctypes.c_int],
         "qo_qdq_nvfp4_act_f32": [p, f32, p, i64],
+        "qo_qdq_nvfp4_act_rows_f32": [p, p, p, p, p, i64, i64],
     }
     for name, argtypes in {**signatures, **{n: t for n, t in optional.items() if hasattr(lib, n)}}.items():
         fn = getattr(lib, name)

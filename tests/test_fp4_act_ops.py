@@ -70,6 +70,82 @@ def test_nvfp4_kernel_is_quarks_emulation(monkeypatch, path):
     assert lib.qo_qdq_nvfp4_act_f32(x.ctypes.data, ctypes.c_float(1.0), got.ctypes.data, 15) != 0
 
 
+@pytest.mark.parametrize("path", ["portable", "avx2", "avx512"])
+def test_nvfp4_rows_kernel_is_quarks_emulation_per_row(monkeypatch, path):
+    """qo_qdq_nvfp4_act_rows_f32: row r of Y is row x_rows[r] of X with input_scale_2[s_rows[r]] (the routed
+    experts' form): each row equal to Quark's emulation with its own scale."""
+    from custom_ops import native
+    lib = native.load_library()
+    monkeypatch.setenv("QO_CPU_KERNELS", path)
+    x = _inputs()                                               # [rows, 128]
+    rng = np.random.default_rng(5)
+    scales = np.array(S2 + (0.5, 2.0 ** -20), np.float32)
+    rows = 3 * len(x)                                           # more rows than X: rows repeat (several pool tasks)
+    x_rows = rng.integers(0, len(x), rows).astype(np.int64)
+    s_rows = rng.integers(0, len(scales), rows).astype(np.int64)
+    got = np.empty((rows, x.shape[1]), np.float32)
+    assert lib.qo_qdq_nvfp4_act_rows_f32(x.ctypes.data, x_rows.ctypes.data, scales.ctypes.data, s_rows.ctypes.data,
+                                         got.ctypes.data, rows, x.shape[1]) == 0
+    for si, s2 in enumerate(scales):
+        sel = s_rows == si
+        want = torch_nvfp4_qdq(torch.from_numpy(x[x_rows[sel]]), float(s2)).numpy()
+        assert np.array_equal(got[sel], want), (s2, np.argwhere(got[sel] != want)[:5])
+    assert lib.qo_qdq_nvfp4_act_rows_f32(x.ctypes.data, x_rows.ctypes.data, scales.ctypes.data, s_rows.ctypes.data,
+                                         got.ctypes.data, rows, 120) != 0  # K not whole blocks
+
+
+def _per_expert_subgraph(tmp_path, x: np.ndarray, s2: np.ndarray) -> np.ndarray:
+    """builder/ops/mx_activation.py's per-expert NVFP4 subgraph (standard ops: the test context has no EP) on x
+    [..., K] against the per-row scales s2 [..., 1]."""
+    import onnxruntime as ort
+    from builder.graph import GraphBuilder
+    from builder.ops.mx_activation import emit_nvfp4_activation_per_expert
+    from onnx import TensorProto
+    from test_mxfp4_activation import _Ctx
+    g = GraphBuilder(tmp_path / "rows.onnx.data")
+    ctx = _Ctx(g, "fp32")
+    y = emit_nvfp4_activation_per_expert(ctx, g.input("x", TensorProto.FLOAT, list(x.shape)),
+                                         g.input("s2", TensorProto.FLOAT, list(s2.shape)), "/t")
+    assert "QuantizeDequantizeNvfp4" not in {n.op_type for n in g.nodes}
+    g.node("Identity", [y], "/t/out", outputs=["y"])
+    g.output("y", TensorProto.FLOAT, None)
+    g.finish(tmp_path / "rows.onnx")
+    sess = ort.InferenceSession(str(tmp_path / "rows.onnx"), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x, "s2": s2})[0]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_nvfp4_per_row_scales_are_the_per_expert_subgraph(tmp_path, ort_ops_library, threads):
+    """The op with input_scale_2 [T, k, 1] against X [T, 1, K] (the routed experts' gathered scales): Y [T, k, K],
+    bit for bit the per-expert subgraph the builder wrote before (NaN blocks aside), from the kernel and from the
+    function fallback; a scale with too few rows is refused."""
+    from custom_ops import functions, single_op
+    x = _inputs()[:, None, :]                                    # [T, 1, 128]
+    x[-1, 0, 5] = np.inf
+    x[-2, 0, 40] = np.nan
+    rng = np.random.default_rng(9)
+    s2 = np.array(S2, np.float32)[rng.integers(0, len(S2), (x.shape[0], 4))][..., None]  # [T, 4, 1]
+    want = _per_expert_subgraph(tmp_path, x, s2)
+    assert want.shape == (x.shape[0], 4, x.shape[2])
+    nan_block = np.broadcast_to(np.isnan(x.reshape(x.shape[0], 1, -1, 16)).any(axis=-1), (x.shape[0], 4, 8))
+    model = single_op.single_op_model("QuantizeDequantizeNvfp4", np.float32, x.shape[-1],
+                                      {"input_scale_2": np.float32(1.0)})
+    del model.graph.initializer[:]                               # the scales fed as a graph input instead
+    model.graph.input.append(onnx.helper.make_tensor_value_info("input_scale_2", onnx.TensorProto.FLOAT, None))
+    for library in (ort_ops_library, None):
+        sess = single_op.session(model, library=library, threads=threads)
+        got = sess.run(None, {"X": x, "input_scale_2": s2})[0]
+        assert got.shape == want.shape, library
+        g, w = got.reshape(-1, 16), want.reshape(-1, 16)
+        keep = ~nan_block.reshape(-1)
+        assert _same_bits(g[keep], w[keep]), library
+        if library:
+            assert np.isnan(g[~keep]).all()
+            with pytest.raises(Exception, match="broadcast"):
+                sess.run(None, {"X": x, "input_scale_2": s2[:3]})
+    assert functions.OP_INPUTS["QuantizeDequantizeNvfp4"] == ("X", "input_scale_2")
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_ort_op_and_fallback_are_the_subgraph(tmp_path, ort_ops_library, threads):
     x = np.concatenate([_inputs()] * 6)  # several pool tasks
@@ -98,15 +174,20 @@ def test_nvfp4_ort_op_and_fallback_are_the_subgraph(tmp_path, ort_ops_library, t
             assert np.isnan(got[nan_block]).all() or library is None, s2
 
 
-@pytest.mark.parametrize("recipe,op", [("mxfp4", "QuantizeDequantizeMxfp4"), ("nvfp4", "QuantizeDequantizeNvfp4")])
-def test_fp4_model_runs_the_op_with_the_subgraphs_bits(quark_exports, tmp_path, recipe, op):
-    export = quark_exports("llama_h64", recipe)
+@pytest.mark.parametrize("family,recipe,op,count", [
+    ("llama_h64", "mxfp4", "QuantizeDequantizeMxfp4", 4 * 2),
+    ("llama_h64", "nvfp4", "QuantizeDequantizeNvfp4", 4 * 2),
+    # routed experts: the chosen experts' own input_scale_2 per row (gate, up, down of each of 2 layers), besides
+    # the attention projections' per-tensor ones
+    ("qwen3_moe", "nvfp4", "QuantizeDequantizeNvfp4", 2 * (4 + 3))])
+def test_fp4_model_runs_the_op_with_the_subgraphs_bits(quark_exports, tmp_path, family, recipe, op, count):
+    export = quark_exports(family, recipe)
     out = build(export, tmp_path / "onnx", "cpu", "fp32")
     library = shipped_library(out)
     if library is None:
         pytest.skip("no custom-op library: the conversion wrote the standard-op subgraphs")
     ops = op_types(out)
-    assert ops.get(op, 0) >= 4 * 2 and "ReduceMax" not in ops, ops
+    assert ops.get(op, 0) >= count and "ReduceMax" not in ops, ops
     from custom_ops.functions import DOMAIN
     model = onnx.load(str(out / "model.onnx"))
     inlined = onnx.inliner.inline_selected_functions(model, [(DOMAIN, op)])

@@ -178,6 +178,9 @@ def emit_nvfp4_activation_per_expert(ctx, x: str, input_scale_2: str, prefix: st
     g = ctx.graph
     c = _consts(g)
     p = f"{prefix}/NvFp4Act"
+    if fp4_act_op_applies(ctx, Fp4ActivationSpec("nvfp4", NVFP4_GROUP_SIZE, input_scale_2=1.0)):
+        # the subgraph below as one com.quark_onnx node, one scale per row (the same bits)
+        return g.quark_op("QuantizeDequantizeNvfp4", [x, input_scale_2], f"{p}/QuantizeDequantizeNvfp4")
     x32 = x if ctx.io == "fp32" else g.op("Cast", [x], f"{p}/CastF32", to=TensorProto.FLOAT)
     k = g.op("Shape", [x], f"{p}/LastDim", start=-1)
     rows = g.op("Shape", [x], f"{p}/Rows", start=0, end=-1)

@@ -30,7 +30,8 @@ chosen expert's own static parameters Gathered from [E] stacks (InputQuant, _inp
   FP8   x_q = fp8(clip(x / s_e, +-448)) * s_e (written as x / s_e ─ unit-scale Q/DQ ─ * s_e, the same float division
         QuantizeLinear does; float8e4m3fnuz with scale 2 where the EP profile says so, builder/ops/fnuz.py)
   NVFP4 dynamic e2m1 blocks of 16 whose block scales are e4m3-quantized with the expert's input_scale_2
-        (mx_activation.emit_nvfp4_activation_per_expert; the dense form's arithmetic)
+        (mx_activation.emit_nvfp4_activation_per_expert; the dense form's arithmetic; on cpu with the library one
+        com.quark_onnx QuantizeDequantizeNvfp4 node with a scale per row)
   INT8  x_q = (clip(round(x * r_e) + z_e, qmin, qmax) - z_e) * s_e, r_e = fp32(1 / s_e) (torch's
         fake_quantize_per_tensor_affine, as the dense Int8W8A8 form: quant/int8_w8a8.py)
 The gate/up input then differs per chosen expert: one row per slot.

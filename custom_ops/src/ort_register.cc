@@ -12,6 +12,7 @@
 // OpenMP, so ORT's spinning workers and OpenMP's never compete for the same cores; on ORT 1.16 they use OpenMP.
 #include <stdint.h>
 
+#include <algorithm>
 #include <mutex>
 #include <new>
 #include <string>
@@ -938,27 +939,77 @@ OrtStatus* ORT_API_CALL QdqMxfp4Compute(void*, OrtKernelContext* context) {
   return nullptr;
 }
 
-// ---- QuantizeDequantizeNvfp4 (CPU, float32): X [..., K], K % 16 == 0, input_scale_2 float scalar -> Y [X's shape],
-// Quark's dynamic NVFP4 activation fake quantization with the static second-level scale (qo_cpu_fp4_act.c). ----
+// ---- QuantizeDequantizeNvfp4 (CPU, float32): X [..., K], K % 16 == 0, input_scale_2 a scalar or [..., 1] whose
+// leading axes broadcast against X's (numpy rules) -> Y [broadcast leading axes..., K]: Quark's dynamic NVFP4
+// activation fake quantization with the static second-level scale, each row with its own where input_scale_2 has
+// rows (routed experts: X [T, 1, K] against the chosen experts' scales [T, k, 1] -> [T, k, K]; qo_cpu_fp4_act.c). ----
 constexpr const char* kQdqNvfp4Name = "QuantizeDequantizeNvfp4";
 
 const char* ORT_API_CALL QdqNvfp4Name(const OrtCustomOp*) { return kQdqNvfp4Name; }
+
+// Y's leading shape and, per row of Y, its row of X and its input_scale_2 (row-major leading axes, numpy broadcast)
+bool BroadcastRows(const std::vector<int64_t>& x_lead, const std::vector<int64_t>& s_lead, std::vector<int64_t>* y_lead,
+                   std::vector<int64_t>* x_rows, std::vector<int64_t>* s_rows) {
+  const size_t rank = std::max(x_lead.size(), s_lead.size());
+  std::vector<int64_t> xd(rank, 1), sd(rank, 1);
+  std::copy(x_lead.begin(), x_lead.end(), xd.begin() + (rank - x_lead.size()));
+  std::copy(s_lead.begin(), s_lead.end(), sd.begin() + (rank - s_lead.size()));
+  y_lead->assign(rank, 1);
+  for (size_t i = 0; i < rank; ++i) {
+    if (xd[i] != sd[i] && xd[i] != 1 && sd[i] != 1) return false;
+    (*y_lead)[i] = xd[i] == 1 ? sd[i] : xd[i];
+  }
+  int64_t rows = 1;
+  for (int64_t d : *y_lead) rows *= d;
+  x_rows->assign(static_cast<size_t>(rows), 0);
+  s_rows->assign(static_cast<size_t>(rows), 0);
+  std::vector<int64_t> index(rank, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t xo = 0, so = 0;
+    for (size_t i = 0; i < rank; ++i) {
+      xo = xo * xd[i] + (xd[i] == 1 ? 0 : index[i]);
+      so = so * sd[i] + (sd[i] == 1 ? 0 : index[i]);
+    }
+    (*x_rows)[static_cast<size_t>(r)] = xo;
+    (*s_rows)[static_cast<size_t>(r)] = so;
+    for (size_t i = rank; i-- > 0;) {  // the next index, last axis fastest
+      if (++index[i] < (*y_lead)[i]) break;
+      index[i] = 0;
+    }
+  }
+  return true;
+}
 
 OrtStatus* ORT_API_CALL QdqNvfp4Compute(void*, OrtKernelContext* context) {
   TensorView x, s2;
   const void *x_data = nullptr, *s2_data = nullptr;
   QO_RETURN_IF_ERROR(Input(context, 0, &x, &x_data));
   QO_RETURN_IF_ERROR(Input(context, 1, &s2, &s2_data));
-  if (x.shape.empty() || x.shape.back() % 16 != 0)
-    return Error(std::string(kQdqNvfp4Name) + ": X's last dimension must be a multiple of 16");
-  if (s2.elements() != 1) return Error(std::string(kQdqNvfp4Name) + ": input_scale_2 must be a scalar");
+  if (x.shape.empty() || x.shape.back() % 16 != 0 || x.shape.back() == 0)
+    return Error(std::string(kQdqNvfp4Name) + ": X's last dimension must be a positive multiple of 16");
+  const int64_t K = x.shape.back();
+  const std::vector<int64_t> x_lead(x.shape.begin(), x.shape.end() - 1);
+  std::vector<int64_t> s_lead;
+  if (s2.elements() != 1 || !s2.shape.empty()) {  // [..., 1]: one scale per row (a one-element [1] too)
+    if (s2.shape.empty() || s2.shape.back() != 1)
+      return Error(std::string(kQdqNvfp4Name) + ": input_scale_2 must be a scalar or [..., 1]");
+    s_lead.assign(s2.shape.begin(), s2.shape.end() - 1);
+  }
+  std::vector<int64_t> y_lead, x_rows, s_rows;
+  if (!BroadcastRows(x_lead, s_lead, &y_lead, &x_rows, &s_rows))
+    return Error(std::string(kQdqNvfp4Name) + ": input_scale_2's leading axes do not broadcast against X's");
+  std::vector<int64_t> y_shape = y_lead;
+  y_shape.push_back(K);
+  OrtValue* y = nullptr;
   void* y_data = nullptr;
-  QO_RETURN_IF_ERROR(SameShapeOutput(context, x, &y_data));
+  QO_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, y_shape.data(), y_shape.size(), &y));
+  QO_RETURN_IF_ERROR(g_api->GetTensorMutableData(y, &y_data));
   int status = QO_ERR_ARGUMENT;
 #if defined(QO_WITH_CPU)
   ScopedOrtRunner runner(context);
-  status = qo_qdq_nvfp4_act_f32(static_cast<const float*>(x_data), *static_cast<const float*>(s2_data),
-                                static_cast<float*>(y_data), x.elements());
+  status = qo_qdq_nvfp4_act_rows_f32(static_cast<const float*>(x_data), x_rows.data(),
+                                     static_cast<const float*>(s2_data), s_rows.data(), static_cast<float*>(y_data),
+                                     static_cast<int64_t>(x_rows.size()), K);
 #endif
   if (status != QO_OK)
     return Error(std::string(kQdqNvfp4Name) + ": kernel failed with status " + std::to_string(status));

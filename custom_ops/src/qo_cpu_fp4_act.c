@@ -15,8 +15,9 @@
  * Every path (AVX-512, AVX2, scalar) gives the subgraphs' bits for blocks without a NaN (tests/test_fp4_act_ops.py).
  * An MXFP4 block holding an infinity comes out all NaN, as in the subgraph (its scale becomes infinite); an NVFP4
  * one is finite in both (its scale saturates at 448 s2). A block holding a NaN comes out all NaN (the MXFP4 subgraph
- * stops with a Gather index error there). Rows are split over ORT's intra-op pool when the tensor is large. Compiled
- * with -ffp-contract=off. */
+ * stops with a Gather index error there). Rows are split over ORT's intra-op pool when the tensor is large. NVFP4 also
+ * by rows (qo_qdq_nvfp4_act_rows_f32), each row of Y from a row of X with its own input_scale_2: the routed experts'
+ * rows, one per (token, chosen expert). Compiled with -ffp-contract=off. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -223,38 +224,55 @@ typedef struct {
   int64_t n;
   int nv, mode, isa;
   float s2;
+  /* NVFP4 by rows (qo_qdq_nvfp4_act_rows_f32): n = rows * K; row r of Y from row x_rows[r] of X with input_scale_2
+   * s2_rows[s_rows[r]] */
+  const int64_t *x_rows, *s_rows;
+  const float* s2_rows;
+  int64_t K;
 } fp4a_job;
 
-static void fp4a_range(const fp4a_job* j, int64_t i0, int64_t i1) {
-  const float* x = j->x + i0;
-  float* y = j->y + i0;
-  const int64_t blocks = (i1 - i0) / (j->nv ? NVA_BLOCK : MXA_BLOCK);
+/* blocks of x into y on the job's path, with the NVFP4 scale s2 */
+static void fp4a_blocks(const fp4a_job* j, const float* x, float* y, int64_t blocks, float s2) {
 #if defined(QO_HAVE_AVX512_HELPERS)
   if (j->isa == QO_ISA_AVX512) {
-    if (j->nv) nva_blocks_avx512(x, y, blocks, j->s2);
+    if (j->nv) nva_blocks_avx512(x, y, blocks, s2);
     else mxa_blocks_avx512(x, y, blocks, j->mode);
     return;
   }
   if (j->isa == QO_ISA_AVX2) {
-    if (j->nv) nva_blocks_avx2(x, y, blocks, j->s2);
+    if (j->nv) nva_blocks_avx2(x, y, blocks, s2);
     else mxa_blocks_avx2(x, y, blocks, j->mode);
     return;
   }
 #endif
-  if (j->nv) nva_blocks_portable(x, y, blocks, j->s2);
+  if (j->nv) nva_blocks_portable(x, y, blocks, s2);
   else mxa_blocks_portable(x, y, blocks, j->mode);
+}
+
+/* elements [i0, i1) of Y (whole rows in the by-rows form) */
+static void fp4a_range(const fp4a_job* j, int64_t i0, int64_t i1) {
+  const int64_t block = j->nv ? NVA_BLOCK : MXA_BLOCK;
+  if (!j->x_rows) {
+    fp4a_blocks(j, j->x + i0, j->y + i0, (i1 - i0) / block, j->s2);
+    return;
+  }
+  for (int64_t r = i0 / j->K; r < i1 / j->K; ++r)
+    fp4a_blocks(j, j->x + j->x_rows[r] * j->K, j->y + r * j->K, j->K / block, j->s2_rows[j->s_rows[r]]);
 }
 
 static void fp4a_task(void* data, size_t t) {
   const fp4a_job* j = (const fp4a_job*)data;
-  const int64_t i0 = (int64_t)t * FP4A_TASK_ELEMENTS;
-  fp4a_range(j, i0, i0 + FP4A_TASK_ELEMENTS < j->n ? i0 + FP4A_TASK_ELEMENTS : j->n);
+  /* tasks of about FP4A_TASK_ELEMENTS, whole rows in the by-rows form */
+  const int64_t step = j->x_rows ? (FP4A_TASK_ELEMENTS + j->K - 1) / j->K * j->K : FP4A_TASK_ELEMENTS;
+  const int64_t i0 = (int64_t)t * step;
+  fp4a_range(j, i0, i0 + step < j->n ? i0 + step : j->n);
 }
 
 static int fp4a_run(fp4a_job* j) {
   if (j->n == 0) return QO_OK;
   j->isa = qo_cpu_isa();
-  const size_t tasks = (size_t)((j->n + FP4A_TASK_ELEMENTS - 1) / FP4A_TASK_ELEMENTS);
+  const int64_t step = j->x_rows ? (FP4A_TASK_ELEMENTS + j->K - 1) / j->K * j->K : FP4A_TASK_ELEMENTS;
+  const size_t tasks = (size_t)((j->n + step - 1) / step);
   if (tasks == 1) {
     fp4a_range(j, 0, j->n);
     return QO_OK;
@@ -266,12 +284,20 @@ int qo_qdq_mxfp4_act_f32(const float* X, float* Y, int64_t n, int mode) {
   if (n < 0 || n % MXA_BLOCK || (n > 0 && (!X || !Y)) ||
       (mode != QO_MX_SCALE_EVEN && mode != QO_MX_SCALE_FLOOR && mode != QO_MX_SCALE_CEIL))
     return QO_ERR_ARGUMENT;
-  fp4a_job j = {X, Y, n, 0, mode, 0, 0.0f};
+  fp4a_job j = {X, Y, n, 0, mode, 0, 0.0f, NULL, NULL, NULL, 0};
   return fp4a_run(&j);
 }
 
 int qo_qdq_nvfp4_act_f32(const float* X, float input_scale_2, float* Y, int64_t n) {
   if (n < 0 || n % NVA_BLOCK || (n > 0 && (!X || !Y))) return QO_ERR_ARGUMENT;
-  fp4a_job j = {X, Y, n, 1, 0, 0, input_scale_2};
+  fp4a_job j = {X, Y, n, 1, 0, 0, input_scale_2, NULL, NULL, NULL, 0};
+  return fp4a_run(&j);
+}
+
+int qo_qdq_nvfp4_act_rows_f32(const float* X, const int64_t* x_rows, const float* input_scale_2,
+                              const int64_t* s_rows, float* Y, int64_t rows, int64_t K) {
+  if (rows < 0 || K <= 0 || K % NVA_BLOCK || (rows > 0 && (!X || !x_rows || !input_scale_2 || !s_rows || !Y)))
+    return QO_ERR_ARGUMENT;
+  fp4a_job j = {X, Y, rows * K, 1, 0, 0, 0.0f, x_rows, s_rows, input_scale_2, K};
   return fp4a_run(&j);
 }

@@ -125,6 +125,10 @@ QO_API int qo_qdq_mxfp4_act_f32(const float* X, float* Y, int64_t n, int mode);
 /* QuantizeDequantizeNvfp4: Quark's dynamic NVFP4 activation fake quantization per block of 16 (n a multiple of 16)
  * with the static input_scale_2; the subgraph's bits on blocks without a NaN, a NaN block all NaN. */
 QO_API int qo_qdq_nvfp4_act_f32(const float* X, float input_scale_2, float* Y, int64_t n);
+/* the same by rows, each with its own input_scale_2 (routed experts: each chosen expert's scale): row r of Y [rows,
+ * K] is row x_rows[r] of X fake-quantized with input_scale_2[s_rows[r]] (K a multiple of 16). */
+QO_API int qo_qdq_nvfp4_act_rows_f32(const float* X, const int64_t* x_rows, const float* input_scale_2,
+                                     const int64_t* s_rows, float* Y, int64_t rows, int64_t K);
 QO_API int qo_matmul_bf16_f16(const uint16_t* A, const uint16_t* B, uint16_t* Y, int64_t M, int64_t N, int64_t K);
 
 /* Routed experts (MatMulExperts* ops, qo_cpu_experts.c): Y [T, k, N] float32, Y[t][s] = A_row(t, s) @ W_e^T with
