@@ -1340,30 +1340,50 @@ typedef struct {
   int32_t ew[16];
 } qo_mxi_pblock;
 
+/* 16 rows' 16-byte blocks b: 4 rows per zmm (one per 128-bit lane), each nibble decoded by one vpshufb, then the
+ * 16 x 4 dwords transposed to 4 x 16 (in-lane unpacks: lane i, element t holds row 4t + i; one vpermd puts row r at
+ * r). Measured (gpt-oss-20b MXFP4 slice, 128-token prompt, 2 threads): the scalar extracts it replaced took about
+ * 80 ms of the experts' 285. Rows past the weight's end read zero bytes, whose code 0 decodes to 12: P = 0. */
+static const uint8_t qoz_mxi_zero_block[16] __attribute__((aligned(16))) = {0};
+
+QO_INLINE void qoz_mxi_transpose_store(const __m512i v[4], const __m512i perm, int32_t dst[4][16]) {
+  const __m512i t0 = _mm512_unpacklo_epi32(v[0], v[1]), t1 = _mm512_unpackhi_epi32(v[0], v[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(v[2], v[3]), t3 = _mm512_unpackhi_epi32(v[2], v[3]);
+  _mm512_storeu_si512((void*)dst[0], _mm512_permutexvar_epi32(perm, _mm512_unpacklo_epi64(t0, t2)));
+  _mm512_storeu_si512((void*)dst[1], _mm512_permutexvar_epi32(perm, _mm512_unpackhi_epi64(t0, t2)));
+  _mm512_storeu_si512((void*)dst[2], _mm512_permutexvar_epi32(perm, _mm512_unpacklo_epi64(t1, t3)));
+  _mm512_storeu_si512((void*)dst[3], _mm512_permutexvar_epi32(perm, _mm512_unpackhi_epi64(t1, t3)));
+}
+
 static void qoz_mxi_decode16(const qo_weight* w, int64_t n, int rows, int64_t nb, qo_mxi_pblock* out) {
-  const __m128i table = _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-  const __m128i m4 = _mm_set1_epi8(0x0F), pad = _mm_set1_epi8(12);
+  const __m512i table = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const uint8_t* row[16];
+  int64_t step[16];
   for (int r = 0; r < 16; ++r) {
-    const uint8_t* row = r < rows ? w->data + (n + r) * w->row_bytes : NULL;
-    const uint8_t* srow = r < rows ? w->scales + (n + r) * w->scales_per_row : NULL;
-    for (int64_t b = 0; b < nb; ++b) {
-      __m128i lo = pad, hi = pad;
-      if (row) {
-        const __m128i x = _mm_loadu_si128((const __m128i*)(row + 16 * b));
-        lo = _mm_shuffle_epi8(table, _mm_and_si128(x, m4));
-        hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(x, 4), m4));
-      }
-      qo_mxi_pblock* pb = out + b;
-      pb->wa[0][r] = _mm_extract_epi32(lo, 0);
-      pb->wa[1][r] = _mm_extract_epi32(lo, 1);
-      pb->wa[2][r] = _mm_extract_epi32(lo, 2);
-      pb->wa[3][r] = _mm_extract_epi32(lo, 3);
-      pb->wb[0][r] = _mm_extract_epi32(hi, 0);
-      pb->wb[1][r] = _mm_extract_epi32(hi, 1);
-      pb->wb[2][r] = _mm_extract_epi32(hi, 2);
-      pb->wb[3][r] = _mm_extract_epi32(hi, 3);
-      pb->ew[r] = srow ? srow[b] : 0;
+    row[r] = r < rows ? w->data + (n + r) * w->row_bytes : qoz_mxi_zero_block;
+    step[r] = r < rows ? 16 : 0;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i lo[4], hi[4];
+    for (int k = 0; k < 4; ++k) {
+      const uint8_t* const* rk = row + 4 * k;
+      const int64_t* sk = step + 4 * k;
+      __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)(rk[0] + sk[0] * b)));
+      z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i*)(rk[1] + sk[1] * b)), 1);
+      z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i*)(rk[2] + sk[2] * b)), 2);
+      z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i*)(rk[3] + sk[3] * b)), 3);
+      lo[k] = _mm512_shuffle_epi8(table, _mm512_and_si512(z, m4));
+      hi[k] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
     }
+    qo_mxi_pblock* pb = out + b;
+    qoz_mxi_transpose_store(lo, perm, pb->wa);
+    qoz_mxi_transpose_store(hi, perm, pb->wb);
+  }
+  for (int r = 0; r < 16; ++r) { /* the e8m0 codes, row by row (0 past the end) */
+    const uint8_t* srow = r < rows ? w->scales + (n + r) * w->scales_per_row : NULL;
+    for (int64_t b = 0; b < nb; ++b) out[b].ew[r] = srow ? srow[b] : 0;
   }
 }
 
