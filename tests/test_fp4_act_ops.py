@@ -143,6 +143,8 @@ def test_nvfp4_per_row_scales_are_the_per_expert_subgraph(tmp_path, ort_ops_libr
             assert np.isnan(g[~keep]).all()
             with pytest.raises(Exception, match="broadcast"):
                 sess.run(None, {"X": x, "input_scale_2": s2[:3]})
+            empty = sess.run(None, {"X": x[:0], "input_scale_2": s2[:0]})[0]  # no rows: an empty Y
+            assert empty.shape == (0, 4, x.shape[2])
     assert functions.OP_INPUTS["QuantizeDequantizeNvfp4"] == ("X", "input_scale_2")
 
 
