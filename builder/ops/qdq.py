@@ -72,6 +72,9 @@ def fp8_dynamic_unit(ctx, x: str, per_token: bool, name: str) -> tuple[str, str]
     xs = g.op("Div", [x, s], f"{name}/Div_scale")
     if fnuz.applies(ctx):
         return fnuz.unit_qdq(ctx, xs, name), s
+    if fp8_qdq_op_applies(ctx):  # the unit-scale pair below as one node (the same bits: x / 1 is x)
+        one = g.scalar(f"{name}/unit_scale", 1.0, np.float32)
+        return g.quark_op("QuantizeDequantizeFp8", [xs, one], f"{name}/QuantizeDequantizeFp8"), s
     one = g.scalar(f"{name}/unit_scale", 1.0, ctx.io_np)
     zp = g.initializer(f"{name}/zero_point", zero_point("fp8_e4m3"))
     return dequantize(ctx, quantize(ctx, xs, one, zp, name), one, zp, name), s
