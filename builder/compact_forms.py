@@ -19,8 +19,11 @@ On the cpu EP, unless the user chose otherwise with --extra_options:
                                                        int8 activations as QMoE's; without the library: QMoE)
   bf16 lm_head                    lm_head=bf16         com.quark_onnx MatMulBf16 (builder/quant/float_bf16.py)
   bf16 embedding                  embedding=bf16       Gather + Cast (standard ops; set with the others)
-The activation emulation of each scheme stays in standard ops in front of the node, so the logits are the dense fp32
-form's (the weight product fp8 * s is the same float32 value; only the summation order of the GEMM differs).
+The activation emulation of each scheme stays in front of the node, so the logits are the dense fp32 form's (the
+weight product fp8 * s is the same float32 value; only the summation order of the GEMM differs): FP8 (static and the
+dynamic per-token pairs), MXFP4 and NVFP4 activations as one com.quark_onnx QuantizeDequantizeFp8 / Mxfp4 / Nvfp4 node
+each where the library has it (the standard-op subgraph's bits: builder/ops/qdq.py, builder/ops/mx_activation.py),
+the rest in standard ops.
 Every com.quark_onnx node carries its ONNX-function fallback: the output runs without the library too (ORT then
 constant-folds the weight into the dense fp32 one at load: the old form's speed, and a higher peak memory while it
 folds). A library built before an op's kernel existed therefore does not get that op's compact form by default: those
