@@ -206,7 +206,6 @@ def QuantizeDequantizeMxfp4(X: FLOAT[...]):
 
 NVA_BLOCK = _ints("nva_block", [NVFP4_BLOCK_SIZE])
 NVA_SIX, NVA_ZERO, NVA_EPS = _f("nva_six", 6.0), _f("nva_zero", 0.0), _f("nva_eps", float(np.finfo(np.float32).eps))
-FP8_ONE = _f("fp8_one", 1.0)
 
 
 @script(quark_onnx)
@@ -224,7 +223,7 @@ def QuantizeDequantizeNvfp4(X: FLOAT[...], input_scale_2: FLOAT[...]):
     s = op.Div(amax, op.Constant(value=NVA_SIX))
     s = op.Where(op.Equal(s, zero), eps, s)
     s2 = op.Unsqueeze(input_scale_2, op.Constant(value=LAST_AXIS))                  # [] -> [1], [..., 1] -> [..., 1, 1]
-    one = op.Constant(value=FP8_ONE)
+    one = op.Constant(value=MXA_ONE)
     u = op.DequantizeLinear(op.QuantizeLinear(op.Div(s, s2), one, op.Constant(value=FP8_ZERO), saturate=1), one)
     sq = op.Mul(u, s2)
     den = op.Where(op.Equal(sq, zero), eps, sq)

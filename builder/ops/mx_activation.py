@@ -91,15 +91,18 @@ def fp4_act_op_applies(ctx, spec: Fp4ActivationSpec) -> bool:
     (custom_ops/src/qo_cpu_fp4_act.c: this module's subgraph bit for bit on blocks without a NaN, in one pass instead
     of about 30). The callers' inputs have a last axis of a multiple of the block (the FP4 linears' in_features,
     checked at plan time)."""
+    if spec.kind == "mxfp4" and spec.group_size == 32 and spec.scale_mode == "even":
+        return _act_op_ready(ctx, "QuantizeDequantizeMxfp4")
+    if spec.kind == "nvfp4" and spec.group_size == NVFP4_GROUP_SIZE and spec.input_scale_2 is not None:
+        return _act_op_ready(ctx, "QuantizeDequantizeNvfp4")
+    return False
+
+
+def _act_op_ready(ctx, op: str) -> bool:
+    """cpu, float32 io and a custom-op library with op's kernel."""
     from ..custom_ops_library import has_kernel
     ep = getattr(ctx, "ep", None)  # the activation tests' contexts have no EP
     if ctx.io != "fp32" or ep is None or ep.name != "cpu":
-        return False
-    if spec.kind == "mxfp4" and spec.group_size == 32 and spec.scale_mode == "even":
-        op = "QuantizeDequantizeMxfp4"
-    elif spec.kind == "nvfp4" and spec.group_size == NVFP4_GROUP_SIZE and spec.input_scale_2 is not None:
-        op = "QuantizeDequantizeNvfp4"
-    else:
         return False
     return has_kernel(getattr(getattr(ctx, "options", None), "custom_ops_library", None), op)
 
@@ -178,7 +181,7 @@ def emit_nvfp4_activation_per_expert(ctx, x: str, input_scale_2: str, prefix: st
     g = ctx.graph
     c = _consts(g)
     p = f"{prefix}/NvFp4Act"
-    if fp4_act_op_applies(ctx, Fp4ActivationSpec("nvfp4", NVFP4_GROUP_SIZE, input_scale_2=1.0)):
+    if _act_op_ready(ctx, "QuantizeDequantizeNvfp4"):
         # the subgraph below as one com.quark_onnx node, one scale per row (the same bits)
         return g.quark_op("QuantizeDequantizeNvfp4", [x, input_scale_2], f"{p}/QuantizeDequantizeNvfp4")
     x32 = x if ctx.io == "fp32" else g.op("Cast", [x], f"{p}/CastF32", to=TensorProto.FLOAT)

@@ -72,12 +72,20 @@ def fp8_dynamic_unit(ctx, x: str, per_token: bool, name: str) -> tuple[str, str]
     xs = g.op("Div", [x, s], f"{name}/Div_scale")
     if fnuz.applies(ctx):
         return fnuz.unit_qdq(ctx, xs, name), s
-    if fp8_qdq_op_applies(ctx):  # the unit-scale pair below as one node (the same bits: x / 1 is x)
+    return fp8_unit_qdq(ctx, xs, name), s
+
+
+def fp8_unit_qdq(ctx, xs: str, name: str) -> str:
+    """fp8(xs) as floats: the unit-scale float8e4m3fn Q/DQ pair (saturating at +-448, round to nearest even), or on
+    cpu with the library the one QuantizeDequantizeFp8 node with scale 1 (the same bits: xs / 1 is xs). For an
+    activation already divided by its scale (dynamic FP8, the routed experts' per-expert scales); not fnuz."""
+    g = ctx.graph
+    if fp8_qdq_op_applies(ctx):
         one = g.scalar(f"{name}/unit_scale", 1.0, np.float32)
-        return g.quark_op("QuantizeDequantizeFp8", [xs, one], f"{name}/QuantizeDequantizeFp8"), s
+        return g.quark_op("QuantizeDequantizeFp8", [xs, one], f"{name}/QuantizeDequantizeFp8")
     one = g.scalar(f"{name}/unit_scale", 1.0, ctx.io_np)
     zp = g.initializer(f"{name}/zero_point", zero_point("fp8_e4m3"))
-    return dequantize(ctx, quantize(ctx, xs, one, zp, name), one, zp, name), s
+    return dequantize(ctx, quantize(ctx, xs, one, zp, name), one, zp, name)
 
 
 def weight_dq(ctx, base: str, q_t: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, name: str) -> str:

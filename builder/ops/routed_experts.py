@@ -72,7 +72,7 @@ from ..quant import fp4_codes
 from ..quant.mx_gemm import emit_routed_weight_mx, routed_mx_applies
 from . import fnuz
 from .matmul_nbits import block_size_for
-from .qdq import fp8_qdq_op_applies
+from .qdq import fp8_unit_qdq
 from .mx_activation import (Fp4ActivationSpec, emit_fp4_activation_qdq, emit_mx_activation_fp4_qdq,
                             emit_nvfp4_activation_per_expert)
 
@@ -454,14 +454,8 @@ def _input_quant(ctx, q: InputQuant, x: str, idx: str, p: str) -> str:
         hi = g.scalar(f"{p}/fp8_max", FP8_MAX, ctx.io_np)
         lo = g.scalar(f"{p}/fp8_min", -FP8_MAX, ctx.io_np)
         u = fnuz.unit_qdq(ctx, fnuz.saturate(g, xs, lo, hi, f"{p}/Saturate"), f"{p}/input_quant")
-    elif fp8_qdq_op_applies(ctx):  # the pair below as one com.quark_onnx node (the same bits: ops/qdq.py)
-        u = g.quark_op("QuantizeDequantizeFp8", [xs, g.scalar(f"{p}/unit_scale", 1.0, np.float32)],
-                       f"{p}/input_quant/QuantizeDequantizeFp8")
-    else:  # QuantizeLinear saturates float8e4m3fn at +-448 (saturate=1), rounding to nearest even
-        one = g.scalar(f"{p}/unit_scale", 1.0, ctx.io_np)
-        zp = g.initializer(f"{p}/zero_point", np.zeros((), ml_dtypes.float8_e4m3fn))
-        q8 = g.op("QuantizeLinear", [xs, one, zp], f"{p}/input_quant/QuantizeLinear")
-        u = g.op("DequantizeLinear", [q8, one, zp], f"{p}/input_quant/DequantizeLinear")
+    else:  # QuantizeLinear saturates float8e4m3fn at +-448, rounding to nearest even (one node with the library)
+        u = fp8_unit_qdq(ctx, xs, f"{p}/input_quant")
     return g.op("Mul", [u, s], f"{p}/MulInputScale")
 
 

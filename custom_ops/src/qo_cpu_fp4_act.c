@@ -229,6 +229,7 @@ typedef struct {
   const int64_t *x_rows, *s_rows;
   const float* s2_rows;
   int64_t K;
+  int64_t step; /* elements per pool task (whole rows in the by-rows form): fp4a_run */
 } fp4a_job;
 
 /* blocks of x into y on the job's path, with the NVFP4 scale s2 */
@@ -262,17 +263,16 @@ static void fp4a_range(const fp4a_job* j, int64_t i0, int64_t i1) {
 
 static void fp4a_task(void* data, size_t t) {
   const fp4a_job* j = (const fp4a_job*)data;
-  /* tasks of about FP4A_TASK_ELEMENTS, whole rows in the by-rows form */
-  const int64_t step = j->x_rows ? (FP4A_TASK_ELEMENTS + j->K - 1) / j->K * j->K : FP4A_TASK_ELEMENTS;
-  const int64_t i0 = (int64_t)t * step;
-  fp4a_range(j, i0, i0 + step < j->n ? i0 + step : j->n);
+  const int64_t i0 = (int64_t)t * j->step;
+  fp4a_range(j, i0, i0 + j->step < j->n ? i0 + j->step : j->n);
 }
 
 static int fp4a_run(fp4a_job* j) {
   if (j->n == 0) return QO_OK;
   j->isa = qo_cpu_isa();
-  const int64_t step = j->x_rows ? (FP4A_TASK_ELEMENTS + j->K - 1) / j->K * j->K : FP4A_TASK_ELEMENTS;
-  const size_t tasks = (size_t)((j->n + step - 1) / step);
+  /* tasks of about FP4A_TASK_ELEMENTS, whole rows in the by-rows form */
+  j->step = j->x_rows ? (FP4A_TASK_ELEMENTS + j->K - 1) / j->K * j->K : FP4A_TASK_ELEMENTS;
+  const size_t tasks = (size_t)((j->n + j->step - 1) / j->step);
   if (tasks == 1) {
     fp4a_range(j, 0, j->n);
     return QO_OK;
@@ -284,13 +284,13 @@ int qo_qdq_mxfp4_act_f32(const float* X, float* Y, int64_t n, int mode) {
   if (n < 0 || n % MXA_BLOCK || (n > 0 && (!X || !Y)) ||
       (mode != QO_MX_SCALE_EVEN && mode != QO_MX_SCALE_FLOOR && mode != QO_MX_SCALE_CEIL))
     return QO_ERR_ARGUMENT;
-  fp4a_job j = {X, Y, n, 0, mode, 0, 0.0f, NULL, NULL, NULL, 0};
+  fp4a_job j = {X, Y, n, 0, mode, 0, 0.0f, NULL, NULL, NULL, 0, 0};
   return fp4a_run(&j);
 }
 
 int qo_qdq_nvfp4_act_f32(const float* X, float input_scale_2, float* Y, int64_t n) {
   if (n < 0 || n % NVA_BLOCK || (n > 0 && (!X || !Y))) return QO_ERR_ARGUMENT;
-  fp4a_job j = {X, Y, n, 1, 0, 0, input_scale_2, NULL, NULL, NULL, 0};
+  fp4a_job j = {X, Y, n, 1, 0, 0, input_scale_2, NULL, NULL, NULL, 0, 0};
   return fp4a_run(&j);
 }
 
@@ -298,6 +298,6 @@ int qo_qdq_nvfp4_act_rows_f32(const float* X, const int64_t* x_rows, const float
                               const int64_t* s_rows, float* Y, int64_t rows, int64_t K) {
   if (rows < 0 || K <= 0 || K % NVA_BLOCK || (rows > 0 && (!X || !x_rows || !input_scale_2 || !s_rows || !Y)))
     return QO_ERR_ARGUMENT;
-  fp4a_job j = {X, Y, rows * K, 1, 0, 0, 0.0f, x_rows, s_rows, input_scale_2, K};
+  fp4a_job j = {X, Y, rows * K, 1, 0, 0, 0.0f, x_rows, s_rows, input_scale_2, K, 0};
   return fp4a_run(&j);
 }

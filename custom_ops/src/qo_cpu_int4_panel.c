@@ -43,9 +43,11 @@
 
 /* floats from one lane's chain to the next in the decoded panel: its I steps of 32 rows plus one cache line. A decode
  * step writes a line of each of the 32 chains; without the line they are a multiple of 4 KB apart for K a multiple of
- * 1024 (8 KB at K = 2048), in one L1 set. Measured ([1536, 2048] g32, 1 thread, the panel forced at every M): the
- * panel's decode 0.62 -> 0.42 ms (M = 6: 0.84 -> 0.64 ms; M = 32: 1.57 -> 1.39 ms). What is left of it is bound by
- * its stores (a build storing constants takes 75 % of the time): 4 bytes a weight, 64 lines per 32 steps. */
+ * 1024 (8 KB at K = 2048), in one L1 set. Measured ([1536, 2048] g32, 1 thread, C harness, the panel forced at
+ * every M, old and new builds alternating): the panel's decode alone 0.62 -> 0.36 ms, M = 6 0.82 -> 0.55 ms, M = 32
+ * 1.57 -> 1.29-1.34 ms. What is left of the decode is bound by its stores (a build storing constants takes 0.31-0.33
+ * of its 0.34-0.36 ms): 4 bytes a weight. The chunked GEMV (qo_cpu_int4.c) now crosses over at M = 12-14 on this
+ * shape (M = 16: 1.04-1.07 ms against the panel's 0.93; [2048, 768]: even), left at I4_CHUNKED_GEMV_MAX_M = 16. */
 #define P_JS(I) ((I) * 32 + 16)
 
 #define P_MR512 12 /* activation rows per AVX-512 tile: 24 accumulators, 2 weight vectors, 1 broadcast */
