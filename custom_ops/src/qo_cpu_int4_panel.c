@@ -208,16 +208,31 @@ P_INLINE void chains_avx2(const float* ap, const float* wp, int64_t I, const int
       const int64_t j = 2 * p_leaf[t] + par;
       const float* a = ap + j * I * MR;
       const float* wv = wp + j * P_JS(I);
+      /* the chains in named variables, copied to acc after the loop: with acc itself in the loop (its address goes to
+       * p_join_leaf_avx2) GCC 12 stored every accumulator to the stack after each FMA, which halved the loop's
+       * rate on a Zen 1 (one 128-bit store a cycle; custom_ops/README.md, "The AVX2 path on an AVX2-only CPU") */
       __m256 acc[P_MR256][2];
-      for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+      const __m256 z = _mm256_setzero_ps();
+      __m256 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;
       for (int64_t i = 0; i < I; ++i) {
         const __m256 w0 = _mm256_load_ps(wv + 32 * i), w1 = _mm256_load_ps(wv + 32 * i + 8);
-        for (int m = 0; m < MR; ++m) {
-          const __m256 x = _mm256_broadcast_ss(a + i * MR + m);
-          acc[m][0] = _mm256_fmadd_ps(x, w0, acc[m][0]);
-          acc[m][1] = _mm256_fmadd_ps(x, w1, acc[m][1]);
+        const float* ai = a + i * MR;
+#define P_ROW256(M, C0, C1)                          \
+        if (MR > M) {                                \
+          const __m256 x = _mm256_broadcast_ss(ai + M); \
+          C0 = _mm256_fmadd_ps(x, w0, C0);           \
+          C1 = _mm256_fmadd_ps(x, w1, C1);           \
         }
+        P_ROW256(0, c00, c01)
+        P_ROW256(1, c10, c11)
+        P_ROW256(2, c20, c21)
+        P_ROW256(3, c30, c31)
+        P_ROW256(4, c40, c41)
+        P_ROW256(5, c50, c51)
+#undef P_ROW256
       }
+      acc[0][0] = c00, acc[0][1] = c01, acc[1][0] = c10, acc[1][1] = c11, acc[2][0] = c20, acc[2][1] = c21;
+      acc[3][0] = c30, acc[3][1] = c31, acc[4][0] = c40, acc[4][1] = c41, acc[5][0] = c50, acc[5][1] = c51;
       if (p_join_leaf_avx2(st, even, acc, MR, t, par)) {
         for (int m = 0; m < MR; ++m) {
           float out[16];
