@@ -224,6 +224,32 @@ def test_nan_and_special_codes(path):
     assert np.isnan(y[:, 6]).all() and not np.isnan(np.delete(y, 6, 1)).any()
 
 
+def test_fp8_gemv_activations_out_of_the_fp16_routes_range(path):
+    """The AVX2 FP8 GEMV accumulates 2^-8 times the products (the fp16 route) only while every nonzero |a| lies in
+    [2^-100, 2^120 / (448 K)]; outside it the integer route runs. Activations near 2^-124 make the scaled sums float32
+    subnormals (bits lost against the unscaled sums), and huge ones overflow differently: each case gives the
+    portable path's bits at M = 1..4, and so do a NaN and an infinity. Without the range test (fp8_half_range
+    returning 1) both the tiny and the huge case fail."""
+    rng = np.random.default_rng(23)
+    n, k = 11, 200
+    codes = (rng.integers(8, 0x7F, (n, k), dtype=np.uint8) | (rng.integers(0, 2, (n, k)) << 7)).astype(np.uint8)
+    scale = rng.uniform(0.5, 2, n).astype(np.float32)
+    base = rng.standard_normal((4, k)).astype(np.float32)
+    # 2^-124: unguarded, 14 of the 44 outputs differed from the portable path's (2^-121: 1, 2^-112 and above: 0)
+    cases = {"tiny": base * np.float32(2.0**-124), "huge": base * np.float32(2.0**118)}
+    nan = base.copy()
+    nan[1, 7], nan[2, 9] = np.nan, np.inf
+    cases["nan_inf"] = nan
+    for name, a in cases.items():
+        a = a.astype(np.float32)
+        path("portable")
+        want = [native.matmul_fp8(a[:m], codes, scale).view(np.uint32) for m in (1, 2, 3, 4)]
+        path("avx2")
+        for m, w in zip((1, 2, 3, 4), want):
+            assert np.array_equal(native.matmul_fp8(a[:m], codes, scale).view(np.uint32), w), (name, m)
+    path(None)
+
+
 def test_w8a8_quantizes_like_quark_fp8():
     """MatMulFp8W8A8: a_q = e4m3(A / s) (Quark's FP8 fake quantizer divides; see qo_kernels.h), not A * (1/s)."""
     rng = np.random.default_rng(5)

@@ -203,7 +203,24 @@ typedef struct {
   const float* a_pack;     /* M > 4 on AVX2: A in 4-row micro-panels, see pack_a */
   volatile int failed;
   const uint8_t* mxi;      /* MXFP4: A prepared for the block-integer path (mxi_prepare), or NULL */
+  int fp8_half;            /* FP8 GEMV on AVX2: A in the range of fp8_half_range (the fp16 route, avx_fp8_half_steps) */
 } qo_job;
+
+/* Whether the AVX2 FP8 GEMV may accumulate 2^-8 times the products (avx_fp8_half_steps) and give the bits of the
+ * unscaled sums: every nonzero |a| in [2^-100, 2^120 / (448 K)] (no NaN or infinity). Then a product of a and a
+ * scaled weight (a multiple of 2^-17, at most 448 * 2^-8) is a multiple of 2^-146 (a's exponent >= -100, 23 bits),
+ * so every scaled partial sum that falls below 2^-126 is exact in the float32 subnormals (a multiple of 2^-149),
+ * as the unscaled one (2^8 times it, under 2^-118) is in the normals; above that rounding commutes with the exact
+ * scaling by 2^-8; and no unscaled partial sum reaches 2^120 (K products of at most 448 |a|), so none overflows. */
+static int fp8_half_range(const float* A, int64_t count, int64_t K) {
+  const float lo = 0x1p-100f, hi = (float)(0x1p120 / (448.0 * (double)(K > 0 ? K : 1)));
+  int ok = 1;
+  for (int64_t i = 0; i < count; ++i) {
+    const float a = fabsf(A[i]);
+    ok &= (a == 0.0f) | ((a >= lo) & (a <= hi)); /* NaN fails both comparisons */
+  }
+  return ok;
+}
 
 static inline float out_scale(const qo_job* job, int64_t m, int64_t n) {
   const float rs = job->row_scale ? job->row_scale[m] : 1.0f;
@@ -519,7 +536,8 @@ QO_INLINE void avx_dec32_fp4(const int fmt, const uint32_t* lut8, const uint8_t*
 QO_INLINE float avx_fold_scale(__m256 v, float scale) { return qo_fold8_avx2(v) * scale; }
 
 /* GEMV tile: mr activation rows (all of M) x nr weight rows starting at n, straight from the compact weight. */
-/* FP8 GEMV steps of 32 k over [0, K8): the integer decode (exact for normal codes) in a loop of its own, one test
+/* FP8 GEMV steps of 32 k over [0, K8) where the fp16 route (avx_fp8_half_steps, below) does not apply (A out of
+ * fp8_half_range, or a NaN code in the tile): the integer decode (exact for normal codes) in a loop of its own, one test
  * per step of the nr rows' 32 codes each; a step with a zero, subnormal or NaN code leaves that loop and decodes its
  * rows through fp16 (qo_avx_fp8x8), then the loop goes on. Same decoded values, same FMAs in the same order as
  * avx_dec32 in the generic loop, whose shape (the slow decode inlined beside the fast one in every step) compiled
@@ -552,6 +570,54 @@ QO_INLINE int64_t avx_fp8_steps(const int mr, const int nr, const uint8_t* const
   }
 }
 
+/* FP8 GEMV steps of 8 k over [0, K8) through fp16 with the accumulators at 2^-8 times the sums: per 8 codes a
+ * sign extension to 16 bits, a shift and a mask give the fp16 pattern of 2^-8 times each code's value (zero and
+ * subnormal codes on fp16 subnormals: exact for every code but NaN), which vcvtph2ps widens exactly. Against the
+ * integer route (avx_fp8_steps: widening to 32 bits, a shift, a mask and an add per 8 codes on 256-bit registers
+ * plus the per-step test of 32 codes for zero, subnormal and NaN codes) that is 3 operations on 128-bit registers
+ * and no test in the loop but two running byte maxima a row, which say at the end whether a row had a NaN code
+ * (magnitude 0x7F: signed max 0x7F or unsigned max 0xFF). Only with job->fp8_half (see fp8_half_range, which makes
+ * the scaled sums exact images of the unscaled ones). Returns 0 (acc undefined) when some row has a NaN code: the
+ * caller starts the tile again by the integer route. Else acc holds the unscaled sums (times 2^8, exact). */
+QO_INLINE __m256 avx_fp8x8_half(const uint8_t* p) {
+  return _mm256_cvtph_ps(qo_avx_fp8_to_half_bits(_mm_loadl_epi64((const __m128i*)p)));
+}
+
+QO_INLINE int avx_fp8_half_steps(const int mr, const int nr, const uint8_t* const* rows, const float* A, int64_t K,
+                                 int64_t K8, __m256 acc[4][4]) {
+  __m256i smax = _mm256_set1_epi8((char)0x80), umax = _mm256_setzero_si256();
+  int64_t k = 0;
+  for (; k + 32 <= K8; k += 32) {
+    if (QO_GEMV_PF && (k & 63) == 0)
+      for (int r = 0; r < nr; ++r) _mm_prefetch((const char*)rows[r] + k + QO_GEMV_PF, _MM_HINT_T0);
+    for (int r = 0; r < nr; ++r) {
+      const __m256i x = _mm256_loadu_si256((const __m256i*)(rows[r] + k));
+      smax = _mm256_max_epi8(smax, x);
+      umax = _mm256_max_epu8(umax, x);
+    }
+    for (int s = 0; s < 4; ++s)
+      for (int r = 0; r < nr; ++r) {
+        const __m256 wv = avx_fp8x8_half(rows[r] + k + 8 * s);
+        for (int i = 0; i < mr; ++i) acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(A + i * K + k + 8 * s), wv, acc[i][r]);
+      }
+  }
+  for (; k < K8; k += 8)
+    for (int r = 0; r < nr; ++r) {
+      const __m128i x = _mm_loadl_epi64((const __m128i*)(rows[r] + k));
+      smax = _mm256_max_epi8(smax, _mm256_zextsi128_si256(x));
+      umax = _mm256_max_epu8(umax, _mm256_zextsi128_si256(x));
+      const __m256 wv = avx_fp8x8_half(rows[r] + k);
+      for (int i = 0; i < mr; ++i) acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(A + i * K + k), wv, acc[i][r]);
+    }
+  const __m256i nan = _mm256_or_si256(_mm256_cmpeq_epi8(smax, _mm256_set1_epi8(0x7F)),
+                                      _mm256_cmpeq_epi8(umax, _mm256_set1_epi8((char)0xFF)));
+  if (_mm256_movemask_epi8(nan)) return 0;
+  const __m256 up = _mm256_set1_ps(256.0f);
+  for (int r = 0; r < nr; ++r)
+    for (int i = 0; i < mr; ++i) acc[i][r] = _mm256_mul_ps(acc[i][r], up);
+  return 1;
+}
+
 QO_INLINE void avx_gemv_tile(const int fmt, const int mr, const int nr, qo_job* job, int64_t n) {
   const qo_weight* w = job->w;
   const int64_t K = job->K, K8 = K & ~(int64_t)(QO_LANES - 1);
@@ -566,7 +632,13 @@ QO_INLINE void avx_gemv_tile(const int fmt, const int mr, const int nr, qo_job* 
   }
   const uint32_t* lut8 = fmt == QO_W_MXFP4 || fmt == QO_W_NVFP4 ? fp4_v8(fp4_tables(w)) : NULL;
   int64_t k = 0;
-  if (fmt == QO_W_FP8) k = avx_fp8_steps(mr, nr, rows, A, K, K8, acc);
+  if (fmt == QO_W_FP8 && job->fp8_half && avx_fp8_half_steps(mr, nr, rows, A, K, K8, acc))
+    k = K8;
+  else if (fmt == QO_W_FP8) {
+    for (int r = 0; r < nr; ++r)
+      for (int i = 0; i < mr; ++i) acc[i][r] = _mm256_setzero_ps();
+    k = avx_fp8_steps(mr, nr, rows, A, K, K8, acc);
+  }
   for (; k + 32 <= K8; k += 32) {
     if (QO_GEMV_PF && (qo_row_offset(fmt, k) & 63) == 0)
       for (int r = 0; r < nr; ++r) _mm_prefetch((const char*)rows[r] + qo_row_offset(fmt, k) + QO_GEMV_PF, _MM_HINT_T0);
@@ -1812,6 +1884,7 @@ static int run_gemm(const float* A, int64_t M, int64_t N, int64_t K, const qo_we
                     const float* col_scale, int64_t col_scale_count, float* Y) {
   fp8_value_table();
   qo_job job = {A, M, N, K, w, row_scale, col_scale, col_scale_count, Y, QO_GEMV_ROWS, qo_cpu_isa(), NULL, 0};
+  job.fp8_half = w->fmt == QO_W_FP8 && job.isa == QO_ISA_AVX2 && M <= QO_GEMV_MAX_M && fp8_half_range(A, M * K, K);
   float* a_pack = NULL;
   uint8_t* mxi = NULL;
   if (w->fmt == QO_W_MXFP4) { /* A checked for the MXFP4 grid once (mxi_prepare) */
@@ -2131,6 +2204,7 @@ static int weight_rows(int fmt, const float* A, const float* prep, int64_t M, in
   }
   fp8_value_table();
   qo_job job = {A, M, N, K, &w, NULL, col_scale, col_scale_count, Y, n1 - n0, qo_cpu_isa(), NULL, 0};
+  job.fp8_half = fmt == QO_FMT_FP8 && job.isa == QO_ISA_AVX2 && M <= QO_GEMV_MAX_M && fp8_half_range(A, M * K, K);
   if (fmt == QO_FMT_MXFP4) { /* A checked for the MXFP4 grid, as run_gemm does */
     if (!prep) {
       prep = qo_tls_grow(&tls_mxi, &tls_mxi_floats, (size_t)qo_cpu_mxfp4_prepared_floats(M, K));
