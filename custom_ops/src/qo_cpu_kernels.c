@@ -278,12 +278,14 @@ static void portable_task(qo_job* job, int64_t n0, int64_t n1) {
 #define QO_MXI_AMAX_SHIFT 6 /* block max / 2^e in [64, 128): q in [-127, 127] */
 #define QO_MXI_E_LIMIT 100  /* |e| bound: q * 2^e exact and 2^e, 2^-e normal */
 
-typedef struct {    /* 128 elements (4 blocks) of one prepared A row: 256 bytes */
+typedef struct {    /* 128 elements (4 blocks) of one prepared A row: 320 bytes */
   int8_t even[64];  /* block bb's element 2p at 16 * bb + p (the low nibbles' elements) */
   int8_t odd[64];   /* its element 2p + 1 */
   int32_t corr[16]; /* lane 4 * bb + j: -12 * sum of q over the block's elements 8j..8j+7 (the +12 weight offset) */
   int32_t eb[16];   /* lane 4 * bb + j: e_b - 1 (2^(e_b + s - 128) has biased exponent s + e_b - 1); 0 for a
                        zero block or none */
+  int32_t eb23[16]; /* eb << 23 (mod 2^32): the AVX2 tile adds it to the e8m0 code << 23, the bits of
+                       (s + eb) << 23 without a shift per A row (vpslld issues at half the rate of an add on Zen 1) */
 } qo_mxi_chunk;
 
 typedef struct {
@@ -367,6 +369,7 @@ static int64_t mxi_prepare(const float* A, int64_t M, int64_t K, uint8_t* prep) 
         for (int e = 8 * j; e < 8 * j + 8; ++e) sum += q[e];
         x->corr[4 * bb + j] = -12 * sum;
         x->eb[4 * bb + j] = eb;
+        x->eb23[4 * bb + j] = (int32_t)((uint32_t)eb << 23);
       }
       if (kind == 2) {
         row.nonzero = 1;
@@ -766,56 +769,80 @@ static void avx_tile_4x3(const float* a, const float* p, int64_t steps, float* p
 
 /* MXFP4 block-integer tile (see mxi_prepare), AVX2: mr prepared A rows x nr weight rows, out[i * nr + r]. A chunk
  * is two halves of 32 weight bytes (blocks 2h, 2h + 1 of the chunk), each 8 int32 lanes (lanes 8h..8h+7); a half
- * past the last block is skipped (its steps would add +0). */
+ * past the last block is skipped (its steps would add +0). The accumulators are named variables c<i><r><h> (A row
+ * i, weight row r, half h), the full chunks in a loop of their own: with an array acc[i][r][h] GCC 12 kept the
+ * accumulators on the stack (a load and a store around every FMA; custom_ops/README.md, "The AVX2 path on an
+ * AVX2-only CPU"). */
+#define MXI_ROW(i, h, A)                                                                                          \
+  if (mr > (i)) {                                                                                                 \
+    const qo_mxi_chunk* xc = x[i] + c;                                                                            \
+    const __m256i t = _mm256_add_epi16(                                                                           \
+        _mm256_maddubs_epi16(wlo, _mm256_loadu_si256((const __m256i*)(xc->even + 32 * (h)))),                     \
+        _mm256_maddubs_epi16(whi, _mm256_loadu_si256((const __m256i*)(xc->odd + 32 * (h)))));                     \
+    const __m256i P = _mm256_add_epi32(_mm256_madd_epi16(t, ones),                                                \
+                                       _mm256_loadu_si256((const __m256i*)(xc->corr + 8 * (h))));                 \
+    const __m256i sc = _mm256_add_epi32(ew23, _mm256_loadu_si256((const __m256i*)(xc->eb23 + 8 * (h))));         \
+    A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_castsi256_ps(sc), A);                                       \
+  }
+#define MXI_HALF(r, h, A0, A1, A2, A3)                                                                            \
+  if (nr > (r) && left > 2 * (h)) {                                                                               \
+    const uint8_t* src = rows[r] + 64 * c + 32 * (h);                                                             \
+    const __m256i wx = left >= 2 * (h) + 2 ? _mm256_loadu_si256((const __m256i*)src)                              \
+                                           : _mm256_maskload_epi32((const int*)src, _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0)); \
+    const __m256i wlo = _mm256_shuffle_epi8(table, _mm256_and_si256(wx, m4));                                     \
+    const __m256i whi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(wx, 4), m4));               \
+    const __m256i ew23 = _mm256_slli_epi32(_mm256_shuffle_epi8(sb##r, spread##h), 23);                            \
+    MXI_ROW(0, h, A0) MXI_ROW(1, h, A1) MXI_ROW(2, h, A2) MXI_ROW(3, h, A3)                                       \
+  }
+#define MXI_SCALES(r)                                                                                             \
+  int32_t s4##r = 0;                                                                                              \
+  if (nr > (r))                                                                                                   \
+    for (int64_t b = 0; b < (left < 4 ? left : 4); ++b) s4##r |= (int32_t)srows[r][4 * c + b] << (8 * b);         \
+  const __m256i sb##r = _mm256_set1_epi32(s4##r);
+#define MXI_CHUNK                                                                                                 \
+  MXI_SCALES(0)                                                                                                   \
+  MXI_SCALES(1)                                                                                                   \
+  MXI_HALF(0, 0, c000, c100, c200, c300)                                                                          \
+  MXI_HALF(0, 1, c001, c101, c201, c301)                                                                          \
+  MXI_HALF(1, 0, c010, c110, c210, c310)                                                                          \
+  MXI_HALF(1, 1, c011, c111, c211, c311)
+
 QO_INLINE void avx_mxi_tile(const int mr, const int nr, const qo_mxi_chunk* const* x, const uint8_t* const* rows,
                             const uint8_t* const* srows, int64_t nb, float* out) {
-  __m256 acc[4][4][2];
-  for (int i = 0; i < mr; ++i)
-    for (int r = 0; r < nr; ++r) acc[i][r][0] = acc[i][r][1] = _mm256_setzero_ps();
+  const __m256 z = _mm256_setzero_ps();
+  __m256 c000 = z, c001 = z, c100 = z, c101 = z, c200 = z, c201 = z, c300 = z, c301 = z; /* weight row 0 */
+  __m256 c010 = z, c011 = z, c110 = z, c111 = z, c210 = z, c211 = z, c310 = z, c311 = z; /* weight row 1 */
   const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
                                          12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-  const __m256i spread[2] = { /* dword 4k + j <- scale byte 2h + k */
-      _mm256_setr_epi32(-256, -256, -256, -256, -255, -255, -255, -255),
-      _mm256_setr_epi32(-254, -254, -254, -254, -253, -253, -253, -253)};
-  const int64_t C = (nb + 3) / 4;
-  for (int64_t c = 0; c < C; ++c) {
-    const int64_t left = nb - 4 * c;
+  /* dword 4k + j <- scale byte 2h + k */
+  const __m256i spread0 = _mm256_setr_epi32(-256, -256, -256, -256, -255, -255, -255, -255);
+  const __m256i spread1 = _mm256_setr_epi32(-254, -254, -254, -254, -253, -253, -253, -253);
+  const int64_t full = nb / 4, C = (nb + 3) / 4;
+  int64_t c = 0;
+  for (; c < full; ++c) {
+    const int64_t left = 4;
     if (QO_GEMV_PF) {
       const int64_t ahead = qo_pf_ahead(64 * c, 16 * nb, nr);
       for (int r = 0; r < nr; ++r) _mm_prefetch((const char*)rows[r] + ahead, _MM_HINT_T0);
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < nr; ++r) {
-      int32_t s4 = 0;
-      for (int64_t b = 0; b < (left < 4 ? left : 4); ++b) s4 |= (int32_t)srows[r][4 * c + b] << (8 * b);
-      const __m256i sb = _mm256_set1_epi32(s4);
-#pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
-        if (left <= 2 * h) break;
-        const uint8_t* src = rows[r] + 64 * c + 32 * h;
-        const __m256i wx = left >= 2 * h + 2 ? _mm256_loadu_si256((const __m256i*)src)
-                                             : _mm256_maskload_epi32((const int*)src, _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0));
-        const __m256i wlo = _mm256_shuffle_epi8(table, _mm256_and_si256(wx, m4));
-        const __m256i whi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(wx, 4), m4));
-        const __m256i ew = _mm256_shuffle_epi8(sb, spread[h]);
-#pragma GCC unroll 4
-        for (int i = 0; i < mr; ++i) {
-          const qo_mxi_chunk* xc = x[i] + c;
-          const __m256i t = _mm256_add_epi16(
-              _mm256_maddubs_epi16(wlo, _mm256_loadu_si256((const __m256i*)(xc->even + 32 * h))),
-              _mm256_maddubs_epi16(whi, _mm256_loadu_si256((const __m256i*)(xc->odd + 32 * h))));
-          const __m256i P = _mm256_add_epi32(_mm256_madd_epi16(t, ones),
-                                             _mm256_loadu_si256((const __m256i*)(xc->corr + 8 * h)));
-          const __m256i sc = _mm256_slli_epi32(_mm256_add_epi32(ew, _mm256_loadu_si256((const __m256i*)(xc->eb + 8 * h))), 23);
-          acc[i][r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_castsi256_ps(sc), acc[i][r][h]);
-        }
-      }
-    }
+    MXI_CHUNK
   }
+  for (; c < C; ++c) { /* the last chunk, 1 to 3 blocks */
+    const int64_t left = nb - 4 * c;
+    MXI_CHUNK
+  }
+  const __m256 acc[4][2] = {{_mm256_add_ps(c000, c001), _mm256_add_ps(c010, c011)},
+                            {_mm256_add_ps(c100, c101), _mm256_add_ps(c110, c111)},
+                            {_mm256_add_ps(c200, c201), _mm256_add_ps(c210, c211)},
+                            {_mm256_add_ps(c300, c301), _mm256_add_ps(c310, c311)}};
   for (int i = 0; i < mr; ++i)
-    for (int r = 0; r < nr; ++r) out[i * nr + r] = avx_fold_scale(_mm256_add_ps(acc[i][r][0], acc[i][r][1]), 1.0f);
+    for (int r = 0; r < nr; ++r) out[i * nr + r] = avx_fold_scale(acc[i][r], 1.0f);
 }
+#undef MXI_CHUNK
+#undef MXI_SCALES
+#undef MXI_HALF
+#undef MXI_ROW
 
 /* The tiles the MXFP4 integer driver asks for (mxi_nr): nr = 2 for mr = 1, 2 (16 ymm registers), and nr = 1. */
 static void avx_mxi_tiles(int mr, int nr, const qo_mxi_chunk* const* x, const uint8_t* const* rows,
