@@ -169,10 +169,24 @@ static void deinterleave_a(const float* A, const int64_t* src, int64_t M, int64_
  * and 1.13-1.16x at M = 24 */
 #define I4_CHUNKED_GEMV_MAX_M 16
 #endif
+#ifndef I4_CHUNKED_GEMV_MAX_M_AVX2
+/* the AVX2 path: the panel from 5 rows. Measured on an AVX2-only AMD EPYC Zen 1 after the panel's tile kept its
+ * chains in registers (qo_cpu_int4_panel.c), builds with 16 / 8 / 4 here calling qo_matmul_int4_f32 in turn, 1
+ * thread, g32, best of 15: [768, 2048] M = 5 1.21 / 1.22 / 1.06 ms, M = 8 1.68 / 1.67 / 1.41, M = 12 2.38 / 1.62 /
+ * 1.65, M = 16 3.21 / 2.02 / 2.04; [2048, 768] M = 8 1.79 / 1.81 / 1.46, M = 16 3.49 / 2.11 / 2.03; [1536, 2048]
+ * M = 8 3.24 / 3.09 / 2.72, M = 16 6.44 / 4.13 / 4.07 (custom_ops/README.md, "The exact 4-bit panel from 5 rows on
+ * AVX2"). The AVX-512 path keeps the chunks up to 16 rows (measured there, above). */
+#define I4_CHUNKED_GEMV_MAX_M_AVX2 4
+#endif
+
+/* the most activation rows that run as chunked GEMVs on a path (above: the panel) */
+static inline int64_t chunked_gemv_max_m(int path) {
+  return path == I4_AVX2 ? I4_CHUNKED_GEMV_MAX_M_AVX2 : I4_CHUNKED_GEMV_MAX_M;
+}
 
 /* the job's A prepared for its M: the GEMV's layout up to I4_CHUNKED_GEMV_MAX_M rows, else the panel kernel's */
 static void prepare_a(const i4_job* j, const int64_t* src, float* out) {
-  if (j->M <= I4_CHUNKED_GEMV_MAX_M) deinterleave_a(j->A, src, j->M, j->K, j->Kc, j->path == I4_AVX2, out);
+  if (j->M <= chunked_gemv_max_m(j->path)) deinterleave_a(j->A, src, j->M, j->K, j->Kc, j->path == I4_AVX2, out);
   else qo_i4_panel_pack_a(j->path, j->A, src, j->M, j->K, j->Kc, out);
 }
 
@@ -628,7 +642,7 @@ static void run_rows(i4_job* j, int64_t n0, int64_t n1, int gemv) {
 /* rows [n0, n1) of the job: M <= 4 the GEMV; up to I4_CHUNKED_GEMV_MAX_M rows (SIMD paths) the GEMV in chunks of a
  * few activation rows, A in the GEMV's layout; above, the panel */
 static void rows_of(i4_job* j, int64_t n0, int64_t n1) {
-  if (j->M > I4_GEMV_MAX_M && j->M <= I4_CHUNKED_GEMV_MAX_M && j->path != I4_PORTABLE) {
+  if (j->M > I4_GEMV_MAX_M && j->M <= chunked_gemv_max_m(j->path) && j->path != I4_PORTABLE) {
     const int64_t most = j->path != I4_AVX512 || j->block != 32 ? I4_GEMV_MAX_M
                          : j->Kc <= I4_CHUNK8_KC ? 8 : I4_CHUNK512;
     const int64_t chunks = (j->M + most - 1) / most;
@@ -713,7 +727,7 @@ int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* scales, co
   i4_job j = job_of(pick_path(block_size), B, scales, zero_points, M, N, K, block_size);
   j.A = A;
   j.Y = Y;
-  j.rows_per_task = M <= I4_CHUNKED_GEMV_MAX_M ? I4_GEMV_ROWS : I4_PANEL_ROWS;
+  j.rows_per_task = M <= chunked_gemv_max_m(j.path) ? I4_GEMV_ROWS : I4_PANEL_ROWS;
   float* ad = NULL;
   const int64_t ad_floats = j.path == I4_PORTABLE ? 0 : M * j.Kc;
   if (ad_floats) {
@@ -722,7 +736,7 @@ int qo_matmul_int4_f32(const float* A, const uint8_t* B, const float* scales, co
     /* aligned (measured at M = 16 and 128, [2048, 8192] and [8192, 2048], g32, 1 thread: 2-12 % less time) */
     float* ad64 = qo_align64(ad);
     j.ad = ad64;
-    if (M <= I4_CHUNKED_GEMV_MAX_M) {
+    if (M <= chunked_gemv_max_m(j.path)) {
       prepare_a(&j, NULL, ad64);
     } else { /* the panel's layout, tile by tile on the pool (K = 8192, M = 128: about 0.45 ms of one thread) */
       const int status = qo_cpu_parallel_for(pack_tile_task, (size_t)qo_i4_panel_tiles(j.path, M), &j);

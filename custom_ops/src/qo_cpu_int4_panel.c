@@ -47,7 +47,8 @@
  * every M, old and new builds alternating): the panel's decode alone 0.62 -> 0.36 ms, M = 6 0.82 -> 0.55 ms, M = 32
  * 1.57 -> 1.29-1.34 ms. What is left of the decode is bound by its stores (a build storing constants takes 0.31-0.33
  * of its 0.34-0.36 ms): 4 bytes a weight. The chunked GEMV (qo_cpu_int4.c) now crosses over at M = 12-14 on this
- * shape (M = 16: 1.04-1.07 ms against the panel's 0.93; [2048, 768]: even), left at I4_CHUNKED_GEMV_MAX_M = 16. */
+ * shape (M = 16: 1.04-1.07 ms against the panel's 0.93; [2048, 768]: even), left at I4_CHUNKED_GEMV_MAX_M = 16.
+ * On the AVX2 path the panel now runs from 5 rows (I4_CHUNKED_GEMV_MAX_M_AVX2, qo_cpu_int4.c: measured on a Zen 1). */
 #define P_JS(I) ((I) * 32 + 16)
 
 #define P_MR512 12 /* activation rows per AVX-512 tile: 24 accumulators, 2 weight vectors, 1 broadcast */
