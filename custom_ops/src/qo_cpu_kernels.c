@@ -208,7 +208,7 @@ typedef struct {
 
 /* Whether the AVX2 FP8 GEMV may accumulate 2^-8 times the products (avx_fp8_half_steps) and give the bits of the
  * unscaled sums: every nonzero |a| in [2^-100, 2^120 / (448 K)] (no NaN or infinity). Then a product of a and a
- * scaled weight (a multiple of 2^-17, at most 448 * 2^-8) is a multiple of 2^-146 (a's exponent >= -100, 23 bits),
+ * scaled weight (a multiple of 2^-17, at most 448 * 2^-8) is a multiple of 2^-140 (a's exponent >= -100, 23 bits),
  * so every scaled partial sum that falls below 2^-126 is exact in the float32 subnormals (a multiple of 2^-149),
  * as the unscaled one (2^8 times it, under 2^-118) is in the normals; above that rounding commutes with the exact
  * scaling by 2^-8; and no unscaled partial sum reaches 2^120 (K products of at most 448 |a|), so none overflows. */
