@@ -137,6 +137,26 @@ def test_experts_op(fmt, t, per_slot, ort_ops_library):
     assert np.max(np.abs(y_fn - y_ref) / bound) <= REL_FP32
 
 
+@pytest.mark.parametrize("t", [1, 3])
+def test_fp8_experts_activations_out_of_the_fp16_routes_range(t, ort_ops_library):
+    """The FP8 experts check the op's activations once per call for the AVX2 GEMV's fp16 route (qo_cpu_fp8_half_range)
+    and hand the answer to every block of weight rows. One token near 2^-124 (scaled sums in the float32 subnormals:
+    tests/test_cpu_kernel_formats.py) puts the whole call on the integer route: the portable path's bits."""
+    rng = np.random.default_rng(31 + t)
+    e, k, n, kk = 4, 2, 40, 96
+    inits, _, _ = stack("Fp8", rng, e, n, kk)
+    ids = route(rng, t, e, k)
+    a = rng.standard_normal((t, kk)).astype(np.float32)
+    a[t - 1] *= np.float32(2.0**-124)
+    model = experts_model("Fp8", inits)
+    feeds = {"A": a, "expert_ids": ids}
+    y = session(model, library=ort_ops_library, threads=2).run(None, feeds)[0]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QO_CPU_KERNELS", "portable")
+        want = session(model, library=ort_ops_library, threads=2).run(None, feeds)[0]
+    assert np.array_equal(y.view(np.uint32), want.view(np.uint32))
+
+
 def test_experts_op_rejects_bad_ids(ort_ops_library):
     rng = np.random.default_rng(5)
     inits, _, _ = stack("Fp8", rng, 4, 8, 32)

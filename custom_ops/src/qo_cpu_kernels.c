@@ -2220,7 +2220,7 @@ static QO_THREAD_LOCAL size_t tls_mxi_floats = 0;
  * prepared by qo_cpu_mxfp4_prepare_a, or NULL (prepared here). */
 static int weight_rows(int fmt, const float* A, const float* prep, int64_t M, int64_t N, int64_t K, const uint8_t* B,
                        const uint8_t* B_scale, float B_scale_2, const float* col_scale, int64_t col_scale_count,
-                       int64_t n0, int64_t n1, float* Y) {
+                       int fp8_a_range, int64_t n0, int64_t n1, float* Y) {
   qo_weight w;
   switch (fmt) {
     case QO_FMT_FP8: weight_plain(&w, QO_W_FP8, B, K); break;
@@ -2231,7 +2231,8 @@ static int weight_rows(int fmt, const float* A, const float* prep, int64_t M, in
   }
   fp8_value_table();
   qo_job job = {A, M, N, K, &w, NULL, col_scale, col_scale_count, Y, n1 - n0, qo_cpu_isa(), NULL, 0};
-  job.fp8_half = fmt == QO_FMT_FP8 && job.isa == QO_ISA_AVX2 && M <= QO_GEMV_MAX_M && fp8_half_range(A, M * K, K);
+  job.fp8_half = fmt == QO_FMT_FP8 && job.isa == QO_ISA_AVX2 && M <= QO_GEMV_MAX_M &&
+                 (fp8_a_range >= 0 ? fp8_a_range : fp8_half_range(A, M * K, K));
   if (fmt == QO_FMT_MXFP4) { /* A checked for the MXFP4 grid, as run_gemm does */
     if (!prep) {
       prep = qo_tls_grow(&tls_mxi, &tls_mxi_floats, (size_t)qo_cpu_mxfp4_prepared_floats(M, K));
@@ -2255,9 +2256,12 @@ static int weight_rows(int fmt, const float* A, const float* prep, int64_t M, in
 
 int qo_cpu_weight_rows_f32(int fmt, const float* A, int64_t M, int64_t N, int64_t K, const uint8_t* B,
                            const uint8_t* B_scale, float B_scale_2, const float* col_scale, int64_t col_scale_count,
-                           int64_t n0, int64_t n1, float* Y) {
-  return weight_rows(fmt, A, NULL, M, N, K, B, B_scale, B_scale_2, col_scale, col_scale_count, n0, n1, Y);
+                           int fp8_a_range, int64_t n0, int64_t n1, float* Y) {
+  return weight_rows(fmt, A, NULL, M, N, K, B, B_scale, B_scale_2, col_scale, col_scale_count, fp8_a_range, n0, n1,
+                     Y);
 }
+
+int qo_cpu_fp8_half_range(const float* A, int64_t count, int64_t K) { return fp8_half_range(A, count, K); }
 
 /* ---------------- MXFP4: A prepared once for many blocks of weight rows (qo_cpu_experts.c) ---------------- */
 int64_t qo_cpu_mxfp4_prepared_floats(int64_t M, int64_t K) { return (mxi_bytes(M, K) + 63) / 64 * 16; }
@@ -2268,5 +2272,5 @@ void qo_cpu_mxfp4_prepare_a(const float* A, int64_t M, int64_t K, float* prepare
 
 int qo_cpu_mxfp4_rows_f32(const float* A, const float* prepared, int64_t M, int64_t N, int64_t K, const uint8_t* B,
                           const uint8_t* B_scale, int64_t n0, int64_t n1, float* Y) {
-  return weight_rows(QO_FMT_MXFP4, A, prepared, M, N, K, B, B_scale, 0.0f, NULL, 1, n0, n1, Y);
+  return weight_rows(QO_FMT_MXFP4, A, prepared, M, N, K, B, B_scale, 0.0f, NULL, 1, -1, n0, n1, Y);
 }
