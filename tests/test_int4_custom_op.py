@@ -107,6 +107,21 @@ def test_int4_gemv_past_one_zero_point_segment(bs, m):
     assert_same_bits_on_paths(y, a, b, s, zp, k, bs)
 
 
+@pytest.mark.parametrize("groups", [9, 15, 16, 17, 18, 33])
+@pytest.mark.parametrize("asym", [True, False])
+def test_int4_gemv_zero_point_spread_steps(groups, asym):
+    """The AVX2 GEMV spreads 16 zero points a step and the rest one at a time, and tables the scales 8 a step with a
+    masked last step: rows of 9 .. 33 groups of 32 (K = 576, the hidden size of SmolLM2-135M, is 18) give the same
+    bits on every path, within numpy's float64 bound."""
+    rng = np.random.default_rng(groups * 2 + asym)
+    n, k, bs = 21, 32 * groups, 32
+    b, s, zp, w = make_case(rng, n, k, bs, asym)
+    a = rng.standard_normal((1, k)).astype(np.float32)
+    y = native.matmul_int4(a, b, s, zp, k, bs)
+    check_close(y, a, w)
+    assert_same_bits_on_paths(y, a, b, s, zp, k, bs)
+
+
 @pytest.mark.parametrize("m", [1, 3])
 def test_int4_gemv_tiny_scales(m):
     """The AVX2 GEMV multiplies (q - z) * 2^24 by s * 2^-24; a segment with a scale of 0 < |s| < 2^-102 (where
@@ -123,6 +138,8 @@ def test_int4_gemv_tiny_scales(m):
     s[3, :] = 0.0
     s[3, 7] = 2.0 ** -102                                      # the smallest scale that keeps s * 2^-24 normal
     s[4, :] = 0.0
+    s[5, :] = 0.0
+    s[5, 300] = 1e-36  # tiny in the masked last step of the second segment's scale table (groups 296..301)
     q = np.zeros((n, b.shape[1] * bs), np.uint8)
     q[:, 0::2], q[:, 1::2] = b.reshape(n, -1) & 15, b.reshape(n, -1) >> 4
     zpad = np.stack([zp & 15, zp >> 4], axis=2).reshape(n, -1)[:, :b.shape[1]]

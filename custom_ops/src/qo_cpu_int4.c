@@ -215,20 +215,22 @@ static inline float fold_avx2(__m256 e0, __m256 e1, __m256 o0, __m256 o1) {
 }
 
 /* the zero points of groups [b0, b0 + count) of a weight row (b0 even) -> out[i]: z of group b0 + i in every byte
- * (a pure load then gives the byte-subtraction vector of a group) */
+ * (a pure load then gives the byte-subtraction vector of a group). 16 groups (8 zero-point bytes) a step, each
+ * byte repeated by vpshufb (before 2026-12-06: 32 groups a step, repeated by vpmulld, which a Zen 1 runs at a
+ * quarter of vpshufb's rate, and a scalar loop below 32 groups); the last count % 16 groups one at a time. */
 I4_INLINE void expand_zero_points_avx2(const uint8_t* zrow, int64_t b0, int64_t count, uint32_t* out) {
   const uint8_t* zb = zrow + (b0 >> 1);
   const __m128i m4 = _mm_set1_epi8(0x0F);
-  const __m256i rep = _mm256_set1_epi32(0x01010101);
+  const __m256i rep0 = _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6,
+                                        6, 6, 7, 7, 7, 7);
+  const __m256i rep1 = _mm256_add_epi8(rep0, _mm256_set1_epi8(8));
   int64_t i = 0;
-  for (; i + 32 <= count; i += 32) {
-    const __m128i raw = _mm_loadu_si128((const __m128i*)(zb + (i >> 1)));
+  for (; i + 16 <= count; i += 16) {
+    const __m128i raw = _mm_loadl_epi64((const __m128i*)(zb + (i >> 1)));
     const __m128i lo = _mm_and_si128(raw, m4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
-    const __m128i z0 = _mm_unpacklo_epi8(lo, hi), z1 = _mm_unpackhi_epi8(lo, hi); /* groups i..i+15, i+16..i+31 */
-    _mm256_storeu_si256((__m256i*)(out + i), _mm256_mullo_epi32(_mm256_cvtepu8_epi32(z0), rep));
-    _mm256_storeu_si256((__m256i*)(out + i + 8), _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(z0, 8)), rep));
-    _mm256_storeu_si256((__m256i*)(out + i + 16), _mm256_mullo_epi32(_mm256_cvtepu8_epi32(z1), rep));
-    _mm256_storeu_si256((__m256i*)(out + i + 24), _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(z1, 8)), rep));
+    const __m256i z = _mm256_broadcastsi128_si256(_mm_unpacklo_epi8(lo, hi)); /* groups i..i+15 in each lane */
+    _mm256_storeu_si256((__m256i*)(out + i), _mm256_shuffle_epi8(z, rep0));
+    _mm256_storeu_si256((__m256i*)(out + i + 8), _mm256_shuffle_epi8(z, rep1));
   }
   for (; i < count; ++i) out[i] = 0x01010101u * (uint32_t)((zb[i >> 1] >> ((i & 1) << 2)) & 0x0F);
 }
@@ -304,23 +306,22 @@ I4_INLINE void gemv_avx2_segment(const i4_avx2_consts* k, const uint8_t* p, cons
     gemv_avx2_chunk(k, p, zr + (c >> shift), sq + (c >> shift), a, Kc, acc, MM, tiny);
 }
 
-/* the scales of a segment -> sq (s * 2^-24); 1 when one of them has 0 < |s| < 2^-102 (then sq = s) */
+/* the scales of a segment -> sq (s * 2^-24); 1 when one of them has 0 < |s| < 2^-102 (then sq = s). The last step
+ * loads the remaining scales under a mask (zeros past nb, which are not tiny) and writes up to 7 entries past nb (sq
+ * holds I4_ZSEG + 8). */
 I4_INLINE int avx2_scale_table(const float* sc, int64_t nb, float* sq) {
   const __m256 lo = _mm256_set1_ps(0x1p-102f), absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   __m256 tiny = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= nb; i += 8) {
-    const __m256 v = _mm256_loadu_ps(sc + i), av = _mm256_and_ps(v, absm);
+  for (int64_t i = 0; i < nb; i += 8) {
+    const __m256 v = i + 8 <= nb ? _mm256_loadu_ps(sc + i)
+                                 : _mm256_maskload_ps(sc + i, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(nb - i)), lane));
+    const __m256 av = _mm256_and_ps(v, absm);
     tiny = _mm256_or_ps(tiny, _mm256_and_ps(_mm256_cmp_ps(av, lo, _CMP_LT_OQ),
                                             _mm256_cmp_ps(av, _mm256_setzero_ps(), _CMP_GT_OQ)));
     _mm256_storeu_ps(sq + i, _mm256_mul_ps(v, _mm256_set1_ps(0x1p-24f)));
   }
-  int t = _mm256_movemask_ps(tiny) != 0;
-  for (; i < nb; ++i) {
-    const float av = fabsf(sc[i]);
-    t |= av < 0x1p-102f && av > 0.0f;
-    sq[i] = sc[i] * 0x1p-24f;
-  }
+  const int t = _mm256_movemask_ps(tiny) != 0;
   if (t) memcpy(sq, sc, sizeof(float) * (size_t)nb);
   return t;
 }
@@ -337,9 +338,9 @@ I4_INLINE void gemv_avx2_row(const i4_job* j, int64_t n, const int MM) {
   const uint8_t* zrow = j->zp ? j->zp + n * j->zp_row_bytes : NULL;
   const float* a = j->ad;
   uint32_t zr[I4_ZSEG];
-  float sq[I4_ZSEG];
-  if (!zrow)
-    for (int i = 0; i < I4_ZSEG; ++i) zr[i] = 0x08080808u;
+  float sq[I4_ZSEG + 8];
+  if (!zrow) /* z = 8 for the groups the row has (before 2026-12-06: all I4_ZSEG entries, a row at a time) */
+    for (int64_t i = 0; i < (kb < I4_ZSEG ? kb : I4_ZSEG); ++i) zr[i] = 0x08080808u;
   for (int64_t b0 = 0; b0 < kb; b0 += I4_ZSEG) {
     const int64_t nb = kb - b0 < I4_ZSEG ? kb - b0 : I4_ZSEG, chunks = nb << shift;
     if (zrow) expand_zero_points_avx2(zrow, b0, nb, zr);
