@@ -74,6 +74,35 @@ def test_kernel_in_ort_matches_reference(ort_ops_library, op, layout, dtype):
         assert rel <= REL_BOUND[dtype], f"{op} {layout} {np.dtype(dtype).name} {batch} N={n} K={k}: rel {rel:.3g}"
 
 
+@pytest.mark.parametrize("op", ["MatMulFp8", "MatMulFp8W8A8Dyn", "MatMulFp8W8A8"])
+def test_fp8_nan_code_in_the_constant_weight(ort_ops_library, op):
+    """The FP8 ops scan their constant weight for NaN codes once, when ORT creates the kernel; the AVX2 GEMV's fp16
+    route skips its own test only when the scan found none (qo_cpu_set_fp8_weight_nan_free). One 0x7F code in row 5:
+    at decode (M = 1) on the AVX2 path (forced where AVX-512 is present) output 5 is NaN and every output has the
+    portable path's bits; the same weight without the code gives them too. With the scan's answer forced to "none",
+    the fp16 route decodes 0x7F as a finite value and this fails."""
+    rng = np.random.default_rng(17)
+    n, k = 24, 256
+    b, s = fp8_weight(rng, n, k, "per_channel")
+    a = rng.standard_normal((1, k)).astype(np.float32)
+    b_nan = b.copy()
+    b_nan.view(np.uint8)[5, 100] = 0x7F
+    outs = {}
+    for name, weight in (("clean", b), ("nan", b_nan)):
+        weights = {"B": weight, "B_scale": s}
+        if op == "MatMulFp8W8A8":
+            weights["A_scale"] = np.float32(np.abs(a).max() / 448)
+        model = single_op_model(op, np.float32, k, weights)
+        for path in ("avx2", "portable"):
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("QO_CPU_KERNELS", path)
+                outs[name, path] = session(model, library=ort_ops_library, threads=2).run(None, {"A": a})[0]
+    assert np.isnan(outs["nan", "avx2"][0, 5]) and np.isnan(outs["nan", "avx2"]).sum() == 1
+    assert np.all(np.isfinite(outs["clean", "avx2"]))
+    for name in ("clean", "nan"):
+        np.testing.assert_array_equal(outs[name, "avx2"], outs[name, "portable"])
+
+
 @pytest.mark.parametrize("op,layout", [("MatMulMxfp4", "e8m0_blocks"), ("MatMulFp8W8A8", "per_channel"),
                                        ("MatMulFp8W8A8Dyn", "per_tensor")])
 def test_kernel_preferred_over_function(ort_ops_library, op, layout):

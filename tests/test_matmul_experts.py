@@ -157,6 +157,30 @@ def test_fp8_experts_activations_out_of_the_fp16_routes_range(t, ort_ops_library
     assert np.array_equal(y.view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("t", [1, 3])
+def test_fp8_experts_nan_code_in_the_constant_weight(t, ort_ops_library):
+    """The kernel scans its constant FP8 weight for NaN codes once, when ORT creates it, and the AVX2 GEMV's fp16
+    route tests the codes itself only when the scan found one (qo_cpu_set_fp8_weight_nan_free). One 0x7F code in a
+    chosen expert: that output is NaN on the AVX2 path (forced where AVX-512 is present), as on the portable path.
+    With the scan's answer forced to "none", the fp16 route decodes 0x7F as a finite value and this fails."""
+    rng = np.random.default_rng(41 + t)
+    e, k, n, kk = 4, 2, 40, 96
+    ids = route(rng, t, e, k)
+    b = rng.integers(0, 0x7E, (e, n, kk), dtype=np.uint8) | (rng.integers(0, 2, (e, n, kk), dtype=np.uint8) << 7)
+    b[ids[0, 0], 3, 50] = 0x7F
+    scale = rng.uniform(0.5, 2, (e, n)).astype(np.float32)
+    inits = {"B": _init("B", b, TensorProto.FLOAT8E4M3FN), "B_scale": _init("B_scale", scale)}
+    model = experts_model("Fp8", inits)
+    feeds = {"A": rng.standard_normal((t, kk)).astype(np.float32), "expert_ids": ids}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QO_CPU_KERNELS", "avx2")
+        y = session(model, library=ort_ops_library, threads=2).run(None, feeds)[0]
+        mp.setenv("QO_CPU_KERNELS", "portable")
+        want = session(model, library=ort_ops_library, threads=2).run(None, feeds)[0]
+    assert np.isnan(y[0, 0, 3]) and np.isnan(y).sum() == np.sum(ids == ids[0, 0])
+    np.testing.assert_array_equal(y, want)
+
+
 def test_experts_op_rejects_bad_ids(ort_ops_library):
     rng = np.random.default_rng(5)
     inits, _, _ = stack("Fp8", rng, 4, 8, 32)

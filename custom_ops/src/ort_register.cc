@@ -56,6 +56,7 @@ struct QoKernel {
   int64_t attr_k = -1;  // MatMulMxfp4 / MatMulNvfp4 attributes, checked against the tensors
   int64_t attr_n = -1;
   int64_t attr_block = -1;  // MatMulUint4 / MatMulInt4
+  bool fp8_nan_free = false;  // FP8 ops on CPU: B is a constant initializer without a NaN code (ConstantFp8NanFree)
 };
 
 OrtStatus* Error(const std::string& message) {
@@ -122,6 +123,36 @@ struct ScopedOrtRunner {
   }
   ~ScopedOrtRunner() { qo_cpu_set_parallel_runner(nullptr); }
 };
+
+// Whether input `index` of the node is a constant initializer holding no e4m3fn NaN code: scanned once, when the
+// kernel is created (a pass over the weight's bytes; about 1 s for the FP8 weights of an 8B model on one core).
+// Any failure, or an input that is not constant: false, and the AVX2 FP8 GEMV tests the codes itself on every call
+// (custom_ops/README.md, "FP8 weights scanned for NaN codes once"). KernelInfoGetConstantInput_tensor: ORT >= 1.15.
+bool ConstantFp8NanFree(const OrtApi* api, const OrtKernelInfo* info, size_t index) {
+  int is_constant = 0;
+  const OrtValue* value = nullptr;
+  if (OrtStatus* status = api->KernelInfoGetConstantInput_tensor(info, index, &is_constant, &value)) {
+    api->ReleaseStatus(status);
+    return false;
+  }
+  if (!is_constant || !value) return false;
+  TensorView view;
+  void* data = nullptr;
+  OrtStatus* status = Describe(value, &view);
+  if (!status) status = api->GetTensorMutableData(const_cast<OrtValue*>(value), &data);
+  if (status) {
+    api->ReleaseStatus(status);
+    return false;
+  }
+  if (view.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN || !data) return false;
+  return qo_cpu_fp8_codes_nan_free(static_cast<const uint8_t*>(data), view.elements()) != 0;
+}
+
+// Sets qo_cpu_set_fp8_weight_nan_free on this thread for the duration of one kernel call.
+struct ScopedFp8NanFree {
+  explicit ScopedFp8NanFree(bool nan_free) { qo_cpu_set_fp8_weight_nan_free(nan_free ? 1 : 0); }
+  ~ScopedFp8NanFree() { qo_cpu_set_fp8_weight_nan_free(0); }
+};
 #endif
 
 int RunCpu(const QoKernel& k, OrtKernelContext* context, const void* a, const void* b, const void* b_scale,
@@ -129,6 +160,7 @@ int RunCpu(const QoKernel& k, OrtKernelContext* context, const void* a, const vo
 #if defined(QO_WITH_CPU)
   using u16 = uint16_t;
   ScopedOrtRunner runner(context);
+  ScopedFp8NanFree nan_free(k.fp8_nan_free);
   switch (k.kind) {
     case OpKind::kMxfp4:
       return k.half ? qo_matmul_mxfp4_f16((const u16*)a, (const uint8_t*)b, (const uint8_t*)b_scale, (u16*)y, M, N, K)
@@ -383,6 +415,10 @@ OrtStatus* ORT_API_CALL CreateKernel(const OrtCustomOp* op, const OrtApi* api, c
       return status;
     }
   }
+#if defined(QO_WITH_CPU)
+  if (!qo->gpu && (qo->kind == OpKind::kFp8 || qo->kind == OpKind::kFp8Dyn || qo->kind == OpKind::kFp8Weight))
+    k->fp8_nan_free = ConstantFp8NanFree(api, info, 1);
+#endif
   *kernel = k;
   return nullptr;
 }
@@ -573,6 +609,7 @@ ONNXTensorElementDataType ORT_API_CALL ExpertsOutputType(const OrtCustomOp*, siz
 struct ExpertsKernel {
   int fmt;
   int64_t accuracy_level;  // Uint4 / Int4: 1 (absent, or 0): float32 activations; 4: int8 (MatMulNBits level 4)
+  bool fp8_nan_free = false;  // MatMulExpertsFp8: the stacked weight (input 2) is constant, without a NaN code
 };
 
 OrtStatus* ORT_API_CALL ExpertsCreate(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
@@ -591,6 +628,9 @@ OrtStatus* ORT_API_CALL ExpertsCreate(const OrtCustomOp* op, const OrtApi* api, 
   }
   ExpertsKernel* k = new (std::nothrow) ExpertsKernel{fmt, level};
   if (!k) return api->CreateStatus(ORT_FAIL, "com.quark_onnx: out of memory");
+#if defined(QO_WITH_CPU)
+  if (fmt == QO_FMT_FP8) k->fp8_nan_free = ConstantFp8NanFree(api, info, 2);
+#endif
   *kernel = k;
   return nullptr;
 }
@@ -676,10 +716,12 @@ OrtStatus* ORT_API_CALL ExpertsCompute(void* kernel, OrtKernelContext* context) 
       status = qo_matmul_experts_nvfp4_r16_f32(A, id, B, (const uint8_t*)s_data, (const float*)s2_data, Y, T, k,
                                                a_slots, E, N, K);
       break;
-    case QO_FMT_FP8:
+    case QO_FMT_FP8: {
+      ScopedFp8NanFree nan_free(static_cast<const ExpertsKernel*>(kernel)->fp8_nan_free);
       status = qo_matmul_experts_fp8_f32(A, id, B, (const float*)s_data, b_scale.elements(), Y, T, k, a_slots, E, N,
                                          K);
       break;
+    }
     case kExpertsUint4:
     case kExpertsInt4:
       status = (int8_activations ? qo_matmul_experts_int4_a8_f32 : qo_matmul_experts_int4_f32)(

@@ -47,6 +47,7 @@ typedef struct {
   int i4_path;            /* INT4: qo_cpu_int4_path (or qo_cpu_int4a8_path), once per call */
   int a8;                 /* INT4: int8-quantized activations (accuracy_level 4, qo_cpu_int4_a8.c) */
   int fp8_a_range;        /* FP8: qo_cpu_fp8_half_range of the op's A, once per call (not once per block of rows) */
+  int fp8_nan_free;       /* FP8: the caller's qo_cpu_fp8_weight_nan_free, read on the calling thread */
   float* a_prep;          /* INT4 / MXFP4: each expert's rows prepared for the SIMD paths (from prep_offset[e]) */
   int64_t* prep_offset;   /* [E] */
   const int64_t* offset;  /* [E + 1]: the expert's first row in a_rows / y_rows */
@@ -99,7 +100,7 @@ static void expert_task(void* data, size_t index) {
   const int status = qo_cpu_weight_rows_f32(
       job->fmt, job->a_rows + r0 * job->K, M, job->N, job->K, job->B + e * job->b_bytes,
       job->B_scale ? job->B_scale + e * job->s_bytes : NULL, job->scale_2 ? job->scale_2[e] : 0.0f,
-      job->col_scale ? job->col_scale + e * job->col_count : NULL, job->col_count, job->fp8_a_range, t->n0, t->n1,
+      job->col_scale ? job->col_scale + e * job->col_count : NULL, job->col_count, job->fp8_a_range, job->fp8_nan_free, t->n0, t->n1,
       job->y_rows + r0 * job->N);
   if (status != QO_OK) job->failed = status;
 }
@@ -193,6 +194,7 @@ static int run_experts(qo_experts_job* job, const float* A, const int64_t* ids, 
   job->failed = 0;
   /* every row of a_rows is a row of A; A has T or T * k rows (a_slots) */
   job->fp8_a_range = job->fmt == QO_FMT_FP8 ? qo_cpu_fp8_half_range(A, T * a_slots * K, K) : -1;
+  job->fp8_nan_free = job->fmt == QO_FMT_FP8 && qo_cpu_fp8_weight_nan_free();
   if (prepared) { /* the kernel's A, prepared once per expert (not once per task), one task per expert */
     int64_t floats = 0;
     prep_offset = (int64_t*)malloc(sizeof(int64_t) * (size_t)E);

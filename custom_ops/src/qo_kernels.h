@@ -203,11 +203,19 @@ int qo_cpu_parallel_for(qo_task_fn task, size_t total, void* data);
 enum { QO_FMT_FP8 = 0, QO_FMT_INT8 = 1, QO_FMT_MXFP4 = 3, QO_FMT_NVFP4 = 4, QO_FMT_INT4 = 5 };
 int qo_cpu_weight_rows_f32(int fmt, const float* A, int64_t M, int64_t N, int64_t K, const uint8_t* B,
                            const uint8_t* B_scale, float B_scale_2, const float* col_scale, int64_t col_scale_count,
-                           int fp8_a_range, int64_t n0, int64_t n1, float* Y);
+                           int fp8_a_range, int fp8_nan_free, int64_t n0, int64_t n1, float* Y);
 /* FP8: whether A's count elements (rows of K) let the AVX2 GEMV take its fp16 route (qo_cpu_kernels.c,
  * fp8_half_range). A caller running many blocks of weight rows on the same activations checks them once and passes
  * the answer as fp8_a_range (1 / 0) instead of -1 (checked in every call); the outputs are the same either way. */
 int qo_cpu_fp8_half_range(const float* A, int64_t count, int64_t K);
+/* FP8 weights known to hold no NaN code (e4m3fn 0x7F / 0xFF). The ORT layer scans a constant weight once, when the
+ * kernel is created (qo_cpu_fp8_codes_nan_free: 1 when none of count bytes is a NaN code), and sets the answer on the
+ * calling thread for the duration of each call (qo_cpu_set_fp8_weight_nan_free; 0, the default, again after). With
+ * 1 the AVX2 FP8 GEMV's fp16 route skips its running test for NaN codes (avx_fp8_half_steps); the outputs are the
+ * same either way for such a weight. fp8_nan_free of qo_cpu_weight_rows_f32: the same, passed by its caller. */
+int qo_cpu_fp8_codes_nan_free(const uint8_t* B, int64_t count);
+void qo_cpu_set_fp8_weight_nan_free(int nan_free);
+int qo_cpu_fp8_weight_nan_free(void);
 /* The 16-row-tile FP4 kernel (qo_cpu_fp4_r16.c) on tiles [n0 / 16, n1 / 16) of one weight, on the calling thread: the
  * outputs of qo_matmul_{mxfp4,nvfp4}_r16_f32 bit for bit (nv: NVFP4, else MXFP4; n0 and n1 multiples of 16). */
 enum { QO_FMT_MXFP4_R16 = 6, QO_FMT_NVFP4_R16 = 7 };
