@@ -100,8 +100,8 @@ static void expert_task(void* data, size_t index) {
   const int status = qo_cpu_weight_rows_f32(
       job->fmt, job->a_rows + r0 * job->K, M, job->N, job->K, job->B + e * job->b_bytes,
       job->B_scale ? job->B_scale + e * job->s_bytes : NULL, job->scale_2 ? job->scale_2[e] : 0.0f,
-      job->col_scale ? job->col_scale + e * job->col_count : NULL, job->col_count, job->fp8_a_range, job->fp8_nan_free, t->n0, t->n1,
-      job->y_rows + r0 * job->N);
+      job->col_scale ? job->col_scale + e * job->col_count : NULL, job->col_count, job->fp8_a_range,
+      job->fp8_nan_free, t->n0, t->n1, job->y_rows + r0 * job->N);
   if (status != QO_OK) job->failed = status;
 }
 
