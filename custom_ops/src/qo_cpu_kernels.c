@@ -611,15 +611,17 @@ QO_INLINE int avx_fp8_half_steps(const int mr, const int nr, const int nan_free,
   }
   for (; k < K8; k += 8)
     for (int r = 0; r < nr; ++r) {
-      const __m128i x = _mm_loadl_epi64((const __m128i*)(rows[r] + k));
-      smax = _mm256_max_epi8(smax, _mm256_zextsi128_si256(x));
-      umax = _mm256_max_epu8(umax, _mm256_zextsi128_si256(x));
+      if (!nan_free) {
+        const __m128i x = _mm_loadl_epi64((const __m128i*)(rows[r] + k));
+        smax = _mm256_max_epi8(smax, _mm256_zextsi128_si256(x));
+        umax = _mm256_max_epu8(umax, _mm256_zextsi128_si256(x));
+      }
       const __m256 wv = avx_fp8x8_half(rows[r] + k);
       for (int i = 0; i < mr; ++i) acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(A + i * K + k), wv, acc[i][r]);
     }
-  const __m256i nan = _mm256_or_si256(_mm256_cmpeq_epi8(smax, _mm256_set1_epi8(0x7F)),
-                                      _mm256_cmpeq_epi8(umax, _mm256_set1_epi8((char)0xFF)));
-  if (!nan_free && _mm256_movemask_epi8(nan)) return 0;
+  if (!nan_free && _mm256_movemask_epi8(_mm256_or_si256(_mm256_cmpeq_epi8(smax, _mm256_set1_epi8(0x7F)),
+                                                        _mm256_cmpeq_epi8(umax, _mm256_set1_epi8((char)0xFF)))))
+    return 0;
   const __m256 up = _mm256_set1_ps(256.0f);
   for (int r = 0; r < nr; ++r)
     for (int i = 0; i < mr; ++i) acc[i][r] = _mm256_mul_ps(acc[i][r], up);
