@@ -6,8 +6,16 @@
  *
  *     cc -O3 -mavx2 -mfma -ffp-contract=off benchmarks/int4_avx2_chunk_ablation.c -o /tmp/i4abl && /tmp/i4abl
  *
- * Not a test and not run by CI; results are quoted in custom_ops/README.md ("The AVX2 path on an AVX2-only CPU").
- * The variants without the multiplication, the shuffle or the conversion compute other numbers: timings only. */
+ * Not a test and not run by CI; results are quoted in custom_ops/README.md ("The AVX2 path on an AVX2-only CPU" and
+ * "Two other exact decodes timed on the Zen 1"). The variants without the multiplication, the shuffle or the
+ * conversion compute other numbers: timings only. Two variants are whole other decodes:
+ *   - "fma decode": the weight's float built from its bits with no conversion (0x3F00 | q as the top half of a float
+ *     is 0.5 + q / 256), then W = fma(M, 256 s, -(128 + z) s). That is (q - z) * s exactly, the shipped value, when
+ *     s has at most 16 significant bits (a bf16 or fp16 scale, as Quark exports them from bf16 / fp16 models;
+ *     checked for every q, z and 200,000 such scales of each kind, signed zeros aside).
+ *   - "int16 x 2 limbs": block floating point activations, two int16 limbs per element (31 bits against the
+ *     chunk's largest), times (q - z) as int16 by vpmaddwd, summed exactly as integers, then converted and
+ *     scaled per chunk: more accurate than fp32 but not the kernel's order, so other bits. */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,7 +36,7 @@ static double now(void) {
 typedef struct {
   __m256i take[4];   /* the shipped vpshufb controls: bytes 4q..4q+3 of each lane to the top byte of its dwords */
   __m256i takelo[4]; /* the same bytes to the low byte of the dwords (the conversion-free decode) */
-  __m256i shift, m4, magic;
+  __m256i shift, m4, magic, c3f;
 } consts;
 
 typedef struct {
@@ -38,6 +46,10 @@ typedef struct {
   const float* zf;    /* per chunk: 2^23 + z */
   const float* s;     /* per chunk: the scale */
   const float* a;     /* NCH x 32 activations */
+  const float* s256;  /* per chunk: 256 s (the fma decode) */
+  const float* c128;  /* per chunk: (128 + z) s (the fma decode) */
+  const int* zi;      /* per chunk: z */
+  const int16_t* a16; /* per chunk: the int16 limbs, [hi even | hi odd | lo even | lo odd] x 16 */
 } input;
 
 static float sum4(const __m256 acc[4]) {
@@ -98,6 +110,47 @@ ROW_VARIANT(no_shuffle, RAW_SRLV QZ_S,
 ROW_VARIANT(no_a_loads, RAW_SRLV QZ_S, _mm256_fmadd_ps(sv, W_SHIPPED, acc[q]))
 ROW_VARIANT(shuffle_convert_add, RAW_SRLV QZ_S,
             _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(d, k->take[q])), acc[q]); (void)sv)
+
+/* the fma decode: vector q of the chunk is bytes 4q..4q+3 of each lane (the shipped order), as 0x3F00 | nibble in
+ * the top half of a dword (0.5 + q / 256), then W = fma(M, 256 s, -(128 + z) s) */
+#define UNPACK_M(NIB)                                                                                   \
+  const __m256i wlo = _mm256_unpacklo_epi8(NIB, k->c3f), whi = _mm256_unpackhi_epi8(NIB, k->c3f);     \
+  const __m256i zz = _mm256_setzero_si256();                                                            \
+  __m256 M[4];                                                                                          \
+  M[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zz, wlo));                                           \
+  M[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zz, wlo));                                           \
+  M[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zz, whi));                                           \
+  M[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zz, whi));                                           \
+  const __m256 S = _mm256_broadcast_ss(in->s256 + c), C = _mm256_broadcast_ss(in->c128 + c);
+ROW_VARIANT(fma_decode, RAW_SRLV UNPACK_M(nib), _mm256_fmadd_ps(av, _mm256_fmsub_ps(M[q], S, C), acc[q]))
+ROW_VARIANT(fma_decode_insert, RAW_INSERT UNPACK_M(nib), _mm256_fmadd_ps(av, _mm256_fmsub_ps(M[q], S, C), acc[q]))
+
+/* int16 (q - z) times the activations as two int16 limbs (vpmaddwd), exact integer sums per chunk, then
+ * hi * 2^16 + lo converted and times the chunk's scale (the limbs' power of two folded in: timing only here) */
+__attribute__((noinline)) static float bfp16x2(const input* in) {
+  float out = 0;
+  const __m256i m4w = _mm256_set1_epi16(15);
+  for (int r = 0; r < ROWS; r++) {
+    __m256 acc = _mm256_setzero_ps();
+    const uint8_t* p = in->B + (size_t)r * NCH * 16;
+    for (int c = 0; c < NCH; c++) {
+      const __m256i w16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(p + 16 * c)));
+      const __m256i zw = _mm256_set1_epi16((short)in->zi[c]);
+      const __m256i lo = _mm256_sub_epi16(_mm256_and_si256(w16, m4w), zw); /* even k */
+      const __m256i hi = _mm256_sub_epi16(_mm256_srli_epi16(w16, 4), zw);  /* odd k */
+      const __m256i* al = (const __m256i*)(in->a16 + 64 * c);
+      const __m256i sh = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_load_si256(al)),
+                                          _mm256_madd_epi16(hi, _mm256_load_si256(al + 1)));
+      const __m256i sl = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_load_si256(al + 2)),
+                                          _mm256_madd_epi16(hi, _mm256_load_si256(al + 3)));
+      const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sh), _mm256_set1_ps(65536.0f), _mm256_cvtepi32_ps(sl));
+      acc = _mm256_fmadd_ps(t, _mm256_broadcast_ss(in->s + c), acc);
+    }
+    const __m256 a4[4] = {acc, _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    out += sum4(a4);
+  }
+  return out;
+}
 
 /* the shipped decode, software-pipelined one chunk ahead */
 __attribute__((noinline)) static float pipelined(const input* in) {
@@ -191,6 +244,7 @@ int main(void) {
   in.k.shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
   in.k.m4 = _mm256_set1_epi8(15);
   in.k.magic = _mm256_set1_epi32(0x4B000000);
+  in.k.c3f = _mm256_set1_epi8(0x3F);
   uint8_t* B = aligned_alloc(64, ROWS * NCH * 16);
   uint32_t* zb = aligned_alloc(64, NCH * 4);
   float* zf = aligned_alloc(64, NCH * 4);
@@ -204,13 +258,27 @@ int main(void) {
     s[c] = 0.001f + (float)(rand() % 100) * 1e-4f;
   }
   for (int i = 0; i < NCH * 32; i++) a[i] = 1.0f / (float)(1 + i);
+  float* s256 = aligned_alloc(64, NCH * 4);
+  float* c128 = aligned_alloc(64, NCH * 4);
+  int* zi = aligned_alloc(64, NCH * 4);
+  int16_t* a16 = aligned_alloc(64, NCH * 64 * 2);
+  for (int c = 0; c < NCH; c++) {
+    zi[c] = (int)(zb[c] & 15);
+    s256[c] = 256.0f * s[c];
+    c128[c] = (128.0f + (float)zi[c]) * s[c];
+  }
+  for (int i = 0; i < NCH * 64; i++) a16[i] = (int16_t)(rand() - RAND_MAX / 2);
   in.B = B, in.zb = zb, in.zf = zf, in.s = s, in.a = a;
+  in.s256 = s256, in.c128 = c128, in.zi = zi, in.a16 = a16;
 
   static const struct {
     const char* name;
     float (*fn)(const input*);
   } variants[] = {
       {"as shipped", shipped},
+      {"fma decode (0x3F00 | q, then fmsub; no conversion)", fma_decode},
+      {"fma decode, xmm shift + insert", fma_decode_insert},
+      {"int16 x 2 limbs, vpmaddwd (other bits)", bfp16x2},
       {"no vpsrlvd (xmm shift + insert)", no_srlv},
       {"no vpsrlvd, no conversion (2^23 + q - (2^23 + z))", no_conversion},
       {"FMA and A loads only", fma_only},
