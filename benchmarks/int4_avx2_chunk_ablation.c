@@ -7,7 +7,7 @@
  *     cc -O3 -mavx2 -mfma -ffp-contract=off benchmarks/int4_avx2_chunk_ablation.c -o /tmp/i4abl && /tmp/i4abl
  *
  * Not a test and not run by CI; results are quoted in custom_ops/README.md ("The AVX2 path on an AVX2-only CPU" and
- * "Two other exact decodes timed on the Zen 1"). The variants without the multiplication, the shuffle or the
+ * "The exact 4-bit GEMV on 128-bit registers on Zen 1, and two other decodes"). The variants without the multiplication, the shuffle or the
  * conversion compute other numbers: timings only. Two variants are whole other decodes:
  *   - "fma decode": the weight's float built from its bits with no conversion (0x3F00 | q as the top half of a float
  *     is 0.5 + q / 256), then W = fma(M, 256 s, -(128 + z) s). That is (q - z) * s exactly, the shipped value, when
@@ -110,6 +110,39 @@ ROW_VARIANT(no_shuffle, RAW_SRLV QZ_S,
 ROW_VARIANT(no_a_loads, RAW_SRLV QZ_S, _mm256_fmadd_ps(sv, W_SHIPPED, acc[q]))
 ROW_VARIANT(shuffle_convert_add, RAW_SRLV QZ_S,
             _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(d, k->take[q])), acc[q]); (void)sv)
+
+/* the shipped step on 128-bit registers: 8 accumulators (the low and the high halves of the 4 ymm ones); the AVX2
+ * M = 1 GEMV's form on AMD Zen 1 / Zen+ since 2026-12-06 (qo_cpu_int4.c, gemv_avx2_chunk_x) */
+__attribute__((noinline)) static float shipped_xmm(const input* in) {
+  float out = 0;
+  const __m128i m4 = _mm_set1_epi8(15);
+  __m128i take[4];
+  for (int q = 0; q < 4; q++) take[q] = _mm256_castsi256_si128(in->k.take[q]);
+  for (int r = 0; r < ROWS; r++) {
+    __m128 acc[8];
+    for (int i = 0; i < 8; i++) acc[i] = _mm_setzero_ps();
+    const uint8_t* p = in->B + (size_t)r * NCH * 16;
+    for (int c = 0; c < NCH; c++) {
+      const __m128i x = _mm_loadu_si128((const __m128i*)(p + 16 * c));
+      const __m128i zv = _mm_set1_epi32((int)in->zb[c]);
+      const __m128i dl = _mm_sub_epi8(_mm_and_si128(x, m4), zv);
+      const __m128i dh = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), m4), zv);
+      const __m128 sv = _mm_broadcast_ss(in->s + c);
+      for (int q = 0; q < 4; q++) {
+        const __m128 wl = _mm_mul_ps(_mm_cvtepi32_ps(_mm_shuffle_epi8(dl, take[q])), sv);
+        const __m128 wh = _mm_mul_ps(_mm_cvtepi32_ps(_mm_shuffle_epi8(dh, take[q])), sv);
+        acc[2 * q] = _mm_fmadd_ps(_mm_loadu_ps(in->a + 32 * c + 8 * q), wl, acc[2 * q]);
+        acc[2 * q + 1] = _mm_fmadd_ps(_mm_loadu_ps(in->a + 32 * c + 8 * q + 4), wh, acc[2 * q + 1]);
+      }
+    }
+    __m128 t = _mm_add_ps(_mm_add_ps(_mm_add_ps(acc[0], acc[1]), _mm_add_ps(acc[2], acc[3])),
+                          _mm_add_ps(_mm_add_ps(acc[4], acc[5]), _mm_add_ps(acc[6], acc[7])));
+    float o[4];
+    _mm_storeu_ps(o, t);
+    out += o[0] + o[3];
+  }
+  return out;
+}
 
 /* the fma decode: vector q of the chunk is bytes 4q..4q+3 of each lane (the shipped order), as 0x3F00 | nibble in
  * the top half of a dword (0.5 + q / 256), then W = fma(M, 256 s, -(128 + z) s) */
@@ -275,7 +308,8 @@ int main(void) {
     const char* name;
     float (*fn)(const input*);
   } variants[] = {
-      {"as shipped", shipped},
+      {"as shipped (256-bit)", shipped},
+      {"as shipped on 128-bit registers (Zen 1 / Zen+)", shipped_xmm},
       {"fma decode (0x3F00 | q, then fmsub; no conversion)", fma_decode},
       {"fma decode, xmm shift + insert", fma_decode_insert},
       {"int16 x 2 limbs, vpmaddwd (other bits)", bfp16x2},

@@ -42,20 +42,24 @@ def check_close(y, a, w):
     assert np.all(np.abs(y.astype(np.float64) - exact) <= bound + 1e-30)
 
 
-def on_path(path, call):
-    """call() with the CPU kernels forced to path (QO_CPU_KERNELS)."""
+def on_path(path, call, halves=None):
+    """call() with the CPU kernels forced to path (QO_CPU_KERNELS) and, if given, the AVX2 M = 1 GEMV on 128-bit
+    registers or not (QO_AVX2_HALVES, the default on AMD Zen 1 / Zen+)."""
     os.environ["QO_CPU_KERNELS"] = path
+    if halves is not None:
+        os.environ["QO_AVX2_HALVES"] = halves
     try:
         return call()
     finally:
         del os.environ["QO_CPU_KERNELS"]
+        os.environ.pop("QO_AVX2_HALVES", None)
 
 
 def assert_same_bits_on_paths(y, a, b, s, zp, k, bs):
-    """The portable C and AVX2 paths give y's bits."""
-    for path in ("portable", "avx2"):
-        y_path = on_path(path, lambda: native.matmul_int4(a, b, s, zp, k, bs))
-        np.testing.assert_array_equal(y.view(np.uint32), y_path.view(np.uint32), err_msg=path)
+    """The portable C and AVX2 paths (the M = 1 GEMV on 256-bit and on 128-bit registers) give y's bits."""
+    for path, halves in (("portable", None), ("avx2", "0"), ("avx2", "1")):
+        y_path = on_path(path, lambda: native.matmul_int4(a, b, s, zp, k, bs), halves)
+        np.testing.assert_array_equal(y.view(np.uint32), y_path.view(np.uint32), err_msg=f"{path} halves={halves}")
 
 
 @pytest.mark.parametrize("bs", [32, 64, 128])

@@ -77,6 +77,7 @@ typedef struct {
   int64_t M, N, K, Kc;   /* Kc: K rounded up to 32 (SIMD) */
   int64_t block, k_blocks, row_bytes, zp_row_bytes, rows_per_task;
   int path;
+  int halves;            /* AVX2, M = 1: the GEMV on 128-bit registers (avx2_halves) */
   volatile int failed;
 } i4_job;
 
@@ -306,6 +307,47 @@ I4_INLINE void gemv_avx2_segment(const i4_avx2_consts* k, const uint8_t* p, cons
     gemv_avx2_chunk(k, p, zr + (c >> shift), sq + (c >> shift), a, Kc, acc, MM, tiny);
 }
 
+/* The M = 1 chunk on 128-bit registers, for CPUs that run each 256-bit instruction as two 128-bit halves (AMD Zen 1
+ * and Zen+, avx2_halves): the same operations on the same lanes as gemv_avx2_chunk (ax[2q] holds the low half of its
+ * acc[q], the even elements; ax[2q + 1] the high half, the odd ones), so the same bits. The low nibbles' q - z come
+ * from an xmm mask, the high ones' from an xmm shift and the mask, instead of a broadcast and a vpsrlvd. Measured on
+ * a Zen 1 (benchmarks/int4_avx2_chunk_ablation.c, [128, 4096] g32 in L2, 1 thread): 14.9 cycles per 32 weights
+ * against 17.6 for the 256-bit chunk. */
+I4_INLINE void gemv_avx2_chunk_x(const __m128i* take, __m128i m4, const uint8_t* p, const uint32_t* z,
+                                 const float* s, const float* a, __m128 ax[8], const int tiny) {
+  const __m128i x = _mm_loadu_si128((const __m128i*)p), zv = _mm_set1_epi32((int)*z);
+  const __m128i dl = _mm_sub_epi8(_mm_and_si128(x, m4), zv);
+  const __m128i dh = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), m4), zv);
+  const __m128 sv = _mm_broadcast_ss(s);
+  for (int q = 0; q < 4; ++q) {
+    __m128 wl = _mm_cvtepi32_ps(_mm_shuffle_epi8(dl, take[q]));
+    __m128 wh = _mm_cvtepi32_ps(_mm_shuffle_epi8(dh, take[q]));
+    if (tiny) {
+      wl = _mm_mul_ps(wl, _mm_set1_ps(0x1p-24f));
+      wh = _mm_mul_ps(wh, _mm_set1_ps(0x1p-24f));
+    }
+    ax[2 * q] = _mm_fmadd_ps(_mm_loadu_ps(a + 8 * q), _mm_mul_ps(wl, sv), ax[2 * q]);
+    ax[2 * q + 1] = _mm_fmadd_ps(_mm_loadu_ps(a + 8 * q + 4), _mm_mul_ps(wh, sv), ax[2 * q + 1]);
+  }
+}
+
+/* gemv_avx2_segment for M = 1 on 128-bit registers */
+I4_INLINE void gemv_avx2_segment_x(const i4_avx2_consts* k, const uint8_t* p, const uint32_t* zr, const float* sq,
+                                   const float* a, int64_t chunks, int shift, __m128 ax[8], const int tiny) {
+  __m128i take[4];
+  for (int q = 0; q < 4; ++q) take[q] = _mm256_castsi256_si128(k->take[q]);
+  const __m128i m4 = _mm256_castsi256_si128(k->m4);
+  int64_t c = 0;
+  for (; c + 4 <= chunks; c += 4, p += 64, a += 128) {
+    _mm_prefetch((const char*)p + I4_PREFETCH_AVX2, _MM_HINT_T0);
+    for (int g = 0; g < 4; ++g) {
+      const int64_t b = (c + g) >> shift;
+      gemv_avx2_chunk_x(take, m4, p + 16 * g, zr + b, sq + b, a + 32 * g, ax, tiny);
+    }
+  }
+  for (; c < chunks; ++c, p += 16, a += 32) gemv_avx2_chunk_x(take, m4, p, zr + (c >> shift), sq + (c >> shift), a, ax, tiny);
+}
+
 /* the scales of a segment -> sq (s * 2^-24); 1 when one of them has 0 < |s| < 2^-102 (then sq = s). The last step
  * loads the remaining scales under a mask (zeros past nb, which are not tiny) and writes up to 7 entries past nb (sq
  * holds I4_ZSEG + 8). */
@@ -326,11 +368,13 @@ I4_INLINE int avx2_scale_table(const float* sc, int64_t nb, float* sq) {
   return t;
 }
 
-I4_INLINE void gemv_avx2_row(const i4_job* j, int64_t n, const int MM) {
+I4_INLINE void gemv_avx2_row(const i4_job* j, int64_t n, const int MM, const int halves) {
   const i4_avx2_consts k = avx2_consts();
   __m256 acc[4][4]; /* [m][q]: lanes [e 4q..4q+3 | o 4q..4q+3] */
+  __m128 ax[8];     /* halves (MM = 1): the halves of acc[0] */
   for (int m = 0; m < MM; ++m)
     for (int v = 0; v < 4; ++v) acc[m][v] = _mm256_setzero_ps();
+  for (int v = 0; v < 8; ++v) ax[v] = _mm_setzero_ps();
   const int64_t kb = j->k_blocks, Kc = j->Kc;
   const int shift = __builtin_ctzll((unsigned long long)j->block) - 5; /* chunk -> group: block / 32 chunks a group */
   const uint8_t* p = j->B + n * j->row_bytes;
@@ -344,11 +388,16 @@ I4_INLINE void gemv_avx2_row(const i4_job* j, int64_t n, const int MM) {
   for (int64_t b0 = 0; b0 < kb; b0 += I4_ZSEG) {
     const int64_t nb = kb - b0 < I4_ZSEG ? kb - b0 : I4_ZSEG, chunks = nb << shift;
     if (zrow) expand_zero_points_avx2(zrow, b0, nb, zr);
-    if (avx2_scale_table(sc + b0, nb, sq)) gemv_avx2_segment(&k, p, zr, sq, a, Kc, chunks, shift, acc, MM, 1);
+    const int tiny = avx2_scale_table(sc + b0, nb, sq);
+    if (halves && tiny) gemv_avx2_segment_x(&k, p, zr, sq, a, chunks, shift, ax, 1);
+    else if (halves) gemv_avx2_segment_x(&k, p, zr, sq, a, chunks, shift, ax, 0);
+    else if (tiny) gemv_avx2_segment(&k, p, zr, sq, a, Kc, chunks, shift, acc, MM, 1);
     else gemv_avx2_segment(&k, p, zr, sq, a, Kc, chunks, shift, acc, MM, 0);
     p += chunks * 16;
     a += chunks * 32;
   }
+  if (halves)
+    for (int q = 0; q < 4; ++q) acc[0][q] = _mm256_set_m128(ax[2 * q + 1], ax[2 * q]);
   for (int m = 0; m < MM; ++m) {
     const __m256 e0 = _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x20), o0 = _mm256_permute2f128_ps(acc[m][0], acc[m][1], 0x31);
     const __m256 e1 = _mm256_permute2f128_ps(acc[m][2], acc[m][3], 0x20), o1 = _mm256_permute2f128_ps(acc[m][2], acc[m][3], 0x31);
@@ -363,16 +412,19 @@ static void gemv_avx2_task(i4_job* j, int64_t n0, int64_t n1) {
       /* one row at a time: 4 rows' 16 accumulators alone fill AVX2's 16 registers (measured on a Xeon with
        * QO_CPU_KERNELS=avx2, [2048, 8192] and [8192, 2048] g32, 1 thread, two runs: 1.76-1.83 ms against
        * 1.84-2.01 for 4 rows) */
-      for (; n < n1; ++n) gemv_avx2_row(j, n, 1);
+      if (j->halves)
+        for (; n < n1; ++n) gemv_avx2_row(j, n, 1, 1);
+      else
+        for (; n < n1; ++n) gemv_avx2_row(j, n, 1, 0);
       break;
     case 2: /* also one row (2 x 2 tiles' 16 accumulators spilled: 2.19-2.30 ms against 2.48-2.66, as above) */
-      for (; n < n1; ++n) gemv_avx2_row(j, n, 2);
+      for (; n < n1; ++n) gemv_avx2_row(j, n, 2, 0);
       break;
     case 3:
-      for (; n < n1; ++n) gemv_avx2_row(j, n, 3);
+      for (; n < n1; ++n) gemv_avx2_row(j, n, 3, 0);
       break;
     default:
-      for (; n < n1; ++n) gemv_avx2_row(j, n, 4);
+      for (; n < n1; ++n) gemv_avx2_row(j, n, 4, 0);
       break;
   }
 }
@@ -624,6 +676,24 @@ static int pick_path(int64_t block) {
 #endif
 }
 
+/* 1 where the AVX2 M = 1 GEMV runs on 128-bit registers: a CPU that runs each 256-bit instruction as two 128-bit
+ * halves, AMD Zen 1 and Zen+ (__builtin_cpu_is "znver1": family 17h below model 30h). QO_AVX2_HALVES=0 | 1 forces
+ * it either way (read at every call, for tests and benchmarks: the two give the same bits). */
+static int avx2_halves(void) {
+  const char* force = getenv("QO_AVX2_HALVES");
+  if (force && (force[0] == '0' || force[0] == '1') && force[1] == 0) return force[0] == '1';
+#if QO_I4_X86
+  static int zen1 = -1;
+  if (zen1 < 0) {
+    __builtin_cpu_init();
+    zen1 = __builtin_cpu_is("znver1") ? 1 : 0;
+  }
+  return zen1;
+#else
+  return 0;
+#endif
+}
+
 /* weight rows [n0, n1) of the job on the calling thread, on its path */
 static void run_rows(i4_job* j, int64_t n0, int64_t n1, int gemv) {
 #if QO_I4_X86
@@ -687,6 +757,7 @@ static i4_job job_of(int path, const uint8_t* B, const float* scales, const uint
   j.Kc = (K + 31) / 32 * 32;
   j.path = block_size % 32 ? I4_PORTABLE : path;
   if (j.path != I4_PORTABLE) j.Kc = j.k_blocks * block_size; /* block % 32 == 0 here */
+  j.halves = j.path == I4_AVX2 && avx2_halves();
   return j;
 }
 
