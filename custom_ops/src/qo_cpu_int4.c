@@ -77,7 +77,7 @@ typedef struct {
   int64_t M, N, K, Kc;   /* Kc: K rounded up to 32 (SIMD) */
   int64_t block, k_blocks, row_bytes, zp_row_bytes, rows_per_task;
   int path;
-  int halves;            /* AVX2, M = 1: the GEMV on 128-bit registers (avx2_halves) */
+  int halves;            /* AVX2, M = 1: the GEMV on 128-bit registers (the path's I4_HALVES flag) */
   volatile int failed;
 } i4_job;
 
@@ -291,22 +291,6 @@ I4_INLINE void gemv_avx2_chunk(const i4_avx2_consts* k, const uint8_t* p, const 
   }
 }
 
-/* chunks [0, chunks) of a segment (chunk c in group c >> shift of the tables) */
-I4_INLINE void gemv_avx2_segment(const i4_avx2_consts* k, const uint8_t* p, const uint32_t* zr, const float* sq,
-                                 const float* a, int64_t Kc, int64_t chunks, int shift, __m256 acc[4][4],
-                                 const int MM, const int tiny) {
-  int64_t c = 0;
-  for (; c + 4 <= chunks; c += 4, p += 64, a += 128) {
-    _mm_prefetch((const char*)p + I4_PREFETCH_AVX2, _MM_HINT_T0);
-    for (int g = 0; g < 4; ++g) {
-      const int64_t b = (c + g) >> shift;
-      gemv_avx2_chunk(k, p + 16 * g, zr + b, sq + b, a + 32 * g, Kc, acc, MM, tiny);
-    }
-  }
-  for (; c < chunks; ++c, p += 16, a += 32)
-    gemv_avx2_chunk(k, p, zr + (c >> shift), sq + (c >> shift), a, Kc, acc, MM, tiny);
-}
-
 /* The M = 1 chunk on 128-bit registers, for CPUs that run each 256-bit instruction as two 128-bit halves (AMD Zen 1
  * and Zen+, avx2_halves): the same operations on the same lanes as gemv_avx2_chunk (ax[2q] holds the low half of its
  * acc[q], the even elements; ax[2q + 1] the high half, the odd ones), so the same bits. The low nibbles' q - z come
@@ -331,9 +315,11 @@ I4_INLINE void gemv_avx2_chunk_x(const __m128i* take, __m128i m4, const uint8_t*
   }
 }
 
-/* gemv_avx2_segment for M = 1 on 128-bit registers */
-I4_INLINE void gemv_avx2_segment_x(const i4_avx2_consts* k, const uint8_t* p, const uint32_t* zr, const float* sq,
-                                   const float* a, int64_t chunks, int shift, __m128 ax[8], const int tiny) {
+/* chunks [0, chunks) of a segment (chunk c in group c >> shift of the tables), into acc, or with halves (MM = 1)
+ * on 128-bit registers into ax */
+I4_INLINE void gemv_avx2_segment(const i4_avx2_consts* k, const uint8_t* p, const uint32_t* zr, const float* sq,
+                                 const float* a, int64_t Kc, int64_t chunks, int shift, __m256 acc[4][4],
+                                 __m128 ax[8], const int MM, const int tiny, const int halves) {
   __m128i take[4];
   for (int q = 0; q < 4; ++q) take[q] = _mm256_castsi256_si128(k->take[q]);
   const __m128i m4 = _mm256_castsi256_si128(k->m4);
@@ -342,10 +328,15 @@ I4_INLINE void gemv_avx2_segment_x(const i4_avx2_consts* k, const uint8_t* p, co
     _mm_prefetch((const char*)p + I4_PREFETCH_AVX2, _MM_HINT_T0);
     for (int g = 0; g < 4; ++g) {
       const int64_t b = (c + g) >> shift;
-      gemv_avx2_chunk_x(take, m4, p + 16 * g, zr + b, sq + b, a + 32 * g, ax, tiny);
+      if (halves) gemv_avx2_chunk_x(take, m4, p + 16 * g, zr + b, sq + b, a + 32 * g, ax, tiny);
+      else gemv_avx2_chunk(k, p + 16 * g, zr + b, sq + b, a + 32 * g, Kc, acc, MM, tiny);
     }
   }
-  for (; c < chunks; ++c, p += 16, a += 32) gemv_avx2_chunk_x(take, m4, p, zr + (c >> shift), sq + (c >> shift), a, ax, tiny);
+  for (; c < chunks; ++c, p += 16, a += 32) {
+    const int64_t b = c >> shift;
+    if (halves) gemv_avx2_chunk_x(take, m4, p, zr + b, sq + b, a, ax, tiny);
+    else gemv_avx2_chunk(k, p, zr + b, sq + b, a, Kc, acc, MM, tiny);
+  }
 }
 
 /* the scales of a segment -> sq (s * 2^-24); 1 when one of them has 0 < |s| < 2^-102 (then sq = s). The last step
@@ -388,11 +379,8 @@ I4_INLINE void gemv_avx2_row(const i4_job* j, int64_t n, const int MM, const int
   for (int64_t b0 = 0; b0 < kb; b0 += I4_ZSEG) {
     const int64_t nb = kb - b0 < I4_ZSEG ? kb - b0 : I4_ZSEG, chunks = nb << shift;
     if (zrow) expand_zero_points_avx2(zrow, b0, nb, zr);
-    const int tiny = avx2_scale_table(sc + b0, nb, sq);
-    if (halves && tiny) gemv_avx2_segment_x(&k, p, zr, sq, a, chunks, shift, ax, 1);
-    else if (halves) gemv_avx2_segment_x(&k, p, zr, sq, a, chunks, shift, ax, 0);
-    else if (tiny) gemv_avx2_segment(&k, p, zr, sq, a, Kc, chunks, shift, acc, MM, 1);
-    else gemv_avx2_segment(&k, p, zr, sq, a, Kc, chunks, shift, acc, MM, 0);
+    if (avx2_scale_table(sc + b0, nb, sq)) gemv_avx2_segment(&k, p, zr, sq, a, Kc, chunks, shift, acc, ax, MM, 1, halves);
+    else gemv_avx2_segment(&k, p, zr, sq, a, Kc, chunks, shift, acc, ax, MM, 0, halves);
     p += chunks * 16;
     a += chunks * 32;
   }
@@ -657,7 +645,27 @@ QO_TARGET_END
 #endif /* QO_I4_X86 */
 
 /* ---------------- dispatch ---------------- */
-static int pick_path(int64_t block) {
+/* 1 where the AVX2 M = 1 GEMV runs on 128-bit registers: a CPU that runs each 256-bit instruction as two 128-bit
+ * halves, AMD Zen 1 and Zen+ (__builtin_cpu_is "znver1": family 17h below model 30h). QO_AVX2_HALVES=0 | 1 forces
+ * it either way (read with QO_CPU_KERNELS, once per call of the op: tests and benchmarks; the same bits). */
+static int avx2_halves(void) {
+  const char* force = getenv("QO_AVX2_HALVES");
+  if (force && (force[0] == '0' || force[0] == '1') && force[1] == 0) return force[0] == '1';
+#if QO_I4_X86
+  static int zen1 = -1;
+  if (zen1 < 0) {
+    __builtin_cpu_init();
+    zen1 = __builtin_cpu_is("znver1") ? 1 : 0;
+  }
+  return zen1;
+#else
+  return 0;
+#endif
+}
+
+#define I4_HALVES 8 /* a flag on the path pick_path returns: I4_AVX2 with the M = 1 GEMV on 128-bit registers */
+
+static int pick_isa_path(int64_t block) {
   const char* force = getenv("QO_CPU_KERNELS"); /* portable | avx2 | (unset: the best the CPU has) */
   if (block % 32 != 0 || (force && strcmp(force, "portable") == 0)) return I4_PORTABLE;
 #if QO_I4_X86
@@ -673,24 +681,6 @@ static int pick_path(int64_t block) {
   return best;
 #else
   return I4_PORTABLE;
-#endif
-}
-
-/* 1 where the AVX2 M = 1 GEMV runs on 128-bit registers: a CPU that runs each 256-bit instruction as two 128-bit
- * halves, AMD Zen 1 and Zen+ (__builtin_cpu_is "znver1": family 17h below model 30h). QO_AVX2_HALVES=0 | 1 forces
- * it either way (read at every call, for tests and benchmarks: the two give the same bits). */
-static int avx2_halves(void) {
-  const char* force = getenv("QO_AVX2_HALVES");
-  if (force && (force[0] == '0' || force[0] == '1') && force[1] == 0) return force[0] == '1';
-#if QO_I4_X86
-  static int zen1 = -1;
-  if (zen1 < 0) {
-    __builtin_cpu_init();
-    zen1 = __builtin_cpu_is("znver1") ? 1 : 0;
-  }
-  return zen1;
-#else
-  return 0;
 #endif
 }
 
@@ -755,10 +745,16 @@ static i4_job job_of(int path, const uint8_t* B, const float* scales, const uint
   j.row_bytes = j.k_blocks * block_size / 2;
   j.zp_row_bytes = (j.k_blocks + 1) / 2;
   j.Kc = (K + 31) / 32 * 32;
-  j.path = block_size % 32 ? I4_PORTABLE : path;
+  j.path = block_size % 32 ? I4_PORTABLE : path & ~I4_HALVES;
   if (j.path != I4_PORTABLE) j.Kc = j.k_blocks * block_size; /* block % 32 == 0 here */
-  j.halves = j.path == I4_AVX2 && avx2_halves();
+  j.halves = j.path == I4_AVX2 && (path & I4_HALVES);
   return j;
+}
+
+/* the path and its flag, as qo_cpu_int4_path hands them to the rows entry points (read once per call of the op) */
+static int pick_path(int64_t block) {
+  const int path = pick_isa_path(block);
+  return path == I4_AVX2 && avx2_halves() ? path | I4_HALVES : path;
 }
 
 int qo_cpu_int4_path(int64_t block_size) { return pick_path(block_size); }

@@ -230,7 +230,7 @@ int qo_cpu_mxfp4_rows_f32(const float* A, const float* prepared, int64_t M, int6
                           const uint8_t* B_scale, int64_t n0, int64_t n1, float* Y);
 /* The same for a 4-bit weight (qo_cpu_int4.c; QO_FMT_INT4 is not a qo_cpu_weight_rows_f32 format): B / scales /
  * zero_points as qo_matmul_int4_f32 takes them. `path`: qo_cpu_int4_path(block), read once per call of the op
- * (QO_CPU_KERNELS is read there, not once per task) and passed to the three others. Its SIMD paths read A prepared
+ * (QO_CPU_KERNELS and QO_AVX2_HALVES are read there, not once per task) and passed to the three others. Its SIMD paths read A prepared
  * once per A (the rows reordered for their lanes): qo_cpu_int4_prepared_floats floats (0: the path reads A itself,
  * A [M, K] then, and prepared may be NULL; otherwise A may be NULL), written by qo_cpu_int4_prepare_a from the rows
  * A + rows[m] * K (rows NULL: A + m * K). */
